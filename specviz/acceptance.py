@@ -1,0 +1,88 @@
+"""The accept / reject / resample rule of speculative sampling (Leviathan et al. 2023, Chen et al. 2023).
+
+Convention used everywhere in specviz: **p is the target's distribution, q the draft's.**
+
+For each proposed token x_i (drawn from q_i), in order:
+  1. draw u_i ~ U[0, 1) and keep x_i if u_i < min(1, p_i(x_i) / q_i(x_i));
+  2. at the first rejection, emit a token drawn from norm(max(0, p_i - q_i)) and stop;
+  3. if all gamma proposals are kept, emit a bonus token drawn from p_{gamma+1}.
+The emitted sequence then follows the target's distribution exactly.  With greedy processing p
+and q are one-hot, so the rule reduces to "keep while the draft agrees with the target's argmax,
+then emit the target's argmax".
+
+A drafter with a deterministic proposal (prompt lookup) has a one-hot q: ``q_rows=None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import sample, uniform
+
+
+@dataclass
+class Verdict:
+    accepted: int  # how many proposals were kept (0..gamma)
+    accept_probs: list[float]  # min(1, p/q) for every proposal (also those never examined)
+    draws: list[float | None]  # the uniform draw of each examined proposal, None after a rejection
+    next_token: int  # the resampled token (after a rejection) or the bonus token
+    kind: str  # "resample" | "bonus"
+    p_next: torch.Tensor = field(repr=False)  # the distribution next_token was drawn from
+
+
+def acceptance_probability(p_x: float, q_x: float) -> float:
+    """min(1, p(x)/q(x)); q(x) > 0 because x was drawn from q."""
+    if q_x <= 0.0:
+        return 1.0 if p_x > 0 else 0.0
+    return min(1.0, p_x / q_x)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)): the distribution a rejected position is resampled from.
+
+    Mathematically its mass is positive whenever a rejection can happen (p(x) < q(x) for the
+    rejected x); if rounding ever leaves no mass, p itself is the right fallback.
+    """
+    r = (p.double() - q.double()).clamp_min(0.0)
+    total = r.sum()
+    if not torch.isfinite(total) or total <= 0:
+        return p.double() / p.double().sum()
+    return r / total
+
+
+def one_hot(token: int, like: torch.Tensor) -> torch.Tensor:
+    q = torch.zeros_like(like)
+    q[token] = 1.0
+    return q
+
+
+def verify(
+    proposed: list[int],
+    p_rows: torch.Tensor,
+    q_rows: torch.Tensor | None,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Run the acceptance test on ``proposed`` (gamma tokens).
+
+    p_rows: (gamma + 1, V) target distributions at each proposal and after the last one.
+    q_rows: (gamma, V) draft distributions each proposal was drawn from, or None for one-hot q.
+    """
+    gamma = len(proposed)
+    assert p_rows.shape[0] == gamma + 1, (p_rows.shape, gamma)
+    accept_probs: list[float] = []
+    for i, x in enumerate(proposed):
+        q_x = 1.0 if q_rows is None else float(q_rows[i, x])
+        accept_probs.append(acceptance_probability(float(p_rows[i, x]), q_x))
+    draws: list[float | None] = [None] * gamma
+    for i, x in enumerate(proposed):
+        u = uniform(generator)
+        draws[i] = u
+        if u < accept_probs[i]:
+            continue
+        q_i = one_hot(x, p_rows[i]) if q_rows is None else q_rows[i]
+        r = residual(p_rows[i], q_i).float()
+        return Verdict(i, accept_probs, draws, sample(r, generator), "resample", r)
+    p_bonus = p_rows[gamma]
+    return Verdict(gamma, accept_probs, draws, sample(p_bonus, generator), "bonus", p_bonus)

