@@ -14,11 +14,14 @@ SPECIALS = ["<pad>", "<s>", "</s>"]
 CHARS = list(string.ascii_letters + string.digits + " .,;:!?'\"-()\n")
 
 
-def tiny_tokenizer():
+def tiny_tokenizer(reverse: bool = False):
+    """A character-level tokenizer; ``reverse=True`` numbers the characters the other way round
+    (same size, different ids: a tokenizer a draft must not be paired with)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {t: i for i, t in enumerate(SPECIALS + CHARS)}
+    chars = CHARS[::-1] if reverse else CHARS
+    vocab = {t: i for i, t in enumerate(SPECIALS + chars)}
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tk.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tk.decoder = decoders.Fuse()
@@ -50,8 +53,8 @@ def tiny_llama(seed: int = 0, layers: int = 4, hidden: int = 64, vocab_size: int
     return model.to(dtype).eval()
 
 
-def save_tiny(folder, seed: int = 0, **kwargs) -> str:
-    """Save a tiny model and the tokenizer to ``folder`` (the layout of a Hub repository)."""
+def save_tiny(folder, seed: int = 0, reverse_tokenizer: bool = False, **kwargs) -> str:
+    """Save a tiny model and its tokenizer to ``folder`` (the layout of a Hub repository)."""
     tiny_llama(seed=seed, **kwargs).save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
+    tiny_tokenizer(reverse_tokenizer).save_pretrained(folder)
     return str(folder)

@@ -1,0 +1,110 @@
+"""The acceptance math on hand-made p and q."""
+
+import torch
+
+from specviz.acceptance import acceptance_probability, residual, verify
+from specviz.sampling import make_generator
+
+
+def _rig(monkeypatch, draws):
+    it = iter(draws)
+    import specviz.acceptance as acc
+
+    monkeypatch.setattr(acc, "uniform", lambda gen: next(it))
+
+
+def test_acceptance_probability():
+    assert acceptance_probability(0.3, 0.6) == 0.5
+    assert acceptance_probability(0.6, 0.3) == 1.0
+    assert acceptance_probability(0.0, 0.4) == 0.0
+
+
+def test_residual_is_normalised_positive_part():
+    p = torch.tensor([0.5, 0.3, 0.2])
+    q = torch.tensor([0.2, 0.6, 0.2])
+    r = residual(p, q)
+    assert torch.allclose(r, torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
+    p = torch.tensor([0.4, 0.4, 0.2])
+    q = torch.tensor([0.1, 0.2, 0.7])
+    assert torch.allclose(residual(p, q), torch.tensor([0.6, 0.4, 0.0], dtype=torch.float64))
+
+
+def test_residual_falls_back_to_p_when_p_equals_q():
+    p = torch.tensor([0.5, 0.5])
+    assert torch.allclose(residual(p, p.clone()), p.double())
+
+
+def test_single_position_output_is_exactly_p():
+    """P(out = x) = q(x) min(1, p/q) + P(reject) r(x) = p(x), for arbitrary p, q."""
+    torch.manual_seed(0)
+    for _ in range(20):
+        p = torch.softmax(torch.randn(7) * 2, -1).double()
+        q = torch.softmax(torch.randn(7) * 2, -1).double()
+        kept = q * torch.minimum(torch.ones_like(p), p / q)
+        out = kept + (1 - kept.sum()) * residual(p, q)
+        assert torch.allclose(out, p, atol=1e-12)
+
+
+def _pq():
+    p = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.1, 0.1, 0.8]])
+    q = torch.tensor([[0.3, 0.6, 0.1], [0.5, 0.25, 0.25]])
+    return p, q
+
+
+def test_all_accepted_gives_bonus_from_last_p(monkeypatch):
+    p, q = _pq()
+    _rig(monkeypatch, [0.99, 0.99])
+    v = verify([0, 1], p, q, make_generator(0))  # p/q = 2 and 2: always kept
+    assert v.accepted == 2 and v.kind == "bonus"
+    assert v.accept_probs == [1.0, 1.0]
+    assert torch.equal(v.p_next, p[2])
+
+
+def test_rejection_resamples_from_residual(monkeypatch):
+    p, q = _pq()
+    _rig(monkeypatch, [0.1, 0.9])
+    # x0 = 0: p/q = 2 -> kept; x1 = 0: p/q = 0.2/0.5 = 0.4, draw 0.9 -> rejected
+    v = verify([0, 0], p, q, make_generator(0))
+    assert v.accepted == 1 and v.kind == "resample"
+    assert abs(v.accept_probs[1] - 0.4) < 1e-6
+    assert v.draws == [0.1, 0.9]
+    expected = residual(p[1], q[1]).float()  # [0, 1, 0.2/... ] -> only where p > q
+    assert torch.allclose(v.p_next, expected)
+    assert v.p_next[0] == 0  # the rejected token can't come back when p < q there
+    assert v.next_token in (1, 2)
+
+
+def test_first_rejection_stops_examination(monkeypatch):
+    p, q = _pq()
+    _rig(monkeypatch, [0.95, 0.0])
+    v = verify([1, 0], p, q, make_generator(0))  # x0 = 1: p/q = 0.5, draw 0.95 -> rejected
+    assert v.accepted == 0
+    assert v.draws[1] is None
+
+
+def test_one_hot_q_for_lookup(monkeypatch):
+    p, _ = _pq()
+    _rig(monkeypatch, [0.25])
+    v = verify([1], p[:2], None, make_generator(0))  # q one-hot: accept with p(x) = 0.3 > 0.25
+    assert v.accepted == 1 and abs(v.accept_probs[0] - 0.3) < 1e-6
+    _rig(monkeypatch, [0.35])
+    v = verify([1], p[:2], None, make_generator(0))
+    assert v.accepted == 0
+    # residual of one-hot q: p with x removed, renormalised
+    assert torch.allclose(v.p_next, torch.tensor([0.6 / 0.7, 0.0, 0.1 / 0.7]))
+
+
+def test_greedy_one_hot_rule():
+    p = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    q = torch.tensor([[1.0, 0.0, 0.0]])
+    v = verify([0], p, q, make_generator(0))
+    assert v.accepted == 0 and v.next_token == 1  # target's argmax
+    q = torch.tensor([[0.0, 1.0, 0.0]])
+    v = verify([1], p, q, make_generator(0))
+    assert v.accepted == 1 and v.kind == "bonus" and v.next_token == 0
+
+
+def test_empty_proposal_is_a_plain_sample():
+    p = torch.tensor([[0.0, 0.0, 1.0]])
+    v = verify([], p, None, make_generator(0))
+    assert v.accepted == 0 and v.next_token == 2 and v.kind == "bonus"

@@ -1,0 +1,254 @@
+"""The engine on tiny random models: exact greedy equality, rollback, events, stopping, seeds."""
+
+import pytest
+import torch
+
+import specviz.engine as engine
+from specviz.drafters import Drafter, EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, Proposal
+from specviz.errors import SpecvizError
+from specviz.events import IterationEvent, StartEvent, SummaryEvent, dumps, loads
+from specviz.engine import DecodeConfig, encode_prompt, speculative_decode, vanilla_decode
+from specviz.lm import CachedLM
+from specviz.sampling import SamplingConfig
+
+PROMPTS = ["hello hello hello world", "abc abc abc abc", "The cat sat on the mat. The cat",
+           "x", "1, 2, 3, 4, 5, 6, 7"]
+
+
+def drafters(target_model, draft_model):
+    return {
+        "model": lambda: ModelDrafter(draft_model),
+        "self": lambda: ModelDrafter(target_model, "the target itself"),
+        "lookup": lambda: PromptLookupDrafter(max_ngram=3),
+        "lookup-fixed": lambda: PromptLookupDrafter(max_ngram=2, adaptive=False),
+        "early-exit": lambda: EarlyExitDrafter(target_model, 2),
+    }
+
+
+def vanilla_ids(target, tok, ids, cfg):
+    return list(vanilla_decode(target, tok, ids, cfg))[-1].output_ids
+
+
+@pytest.mark.parametrize("kind", ["model", "self", "lookup", "lookup-fixed", "early-exit"])
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_greedy_identical_to_vanilla(kind, gamma, target_model, draft_model, tok):
+    target = CachedLM(target_model, len(tok))
+    for chat, prompt in [(True, p) for p in PROMPTS] + [(False, PROMPTS[2])]:
+        ids = encode_prompt(tok, prompt, chat)
+        cfg = DecodeConfig(gamma=gamma, max_new_tokens=40)
+        expected = vanilla_ids(target, tok, ids, cfg)
+        drafter = drafters(target_model, draft_model)[kind]()
+        got = list(speculative_decode(target, drafter, tok, ids, cfg))[-1]
+        assert got.output_ids == expected, (kind, gamma, prompt)
+
+
+class ScriptedDrafter(Drafter):
+    """Proposes the true greedy continuation with one token corrupted at a chosen position, so each
+    iteration accepts exactly 0, 1, ..., gamma tokens (gamma = all kept + bonus)."""
+
+    name = "scripted"
+
+    def __init__(self, truth: list[int], prompt_len: int, gamma: int, vocab: int):
+        self.truth, self.prompt_len, self.gamma, self.vocab = truth, prompt_len, gamma, vocab
+        self.turn = 0
+        self.expected: list[int] = []
+
+    def propose(self, ids, max_tokens, sampling, generator):
+        pos = len(ids) - self.prompt_len
+        want = self.truth[pos: pos + max_tokens]
+        bad = self.turn % (self.gamma + 1)
+        self.turn += 1
+        tokens = list(want)
+        if bad < len(tokens):
+            tokens[bad] = (tokens[bad] + 1) % self.vocab
+        self.expected.append(min(bad, len(tokens)))
+        return Proposal(tokens, None, [1.0] * len(tokens), "scripted")
+
+
+def test_rollback_accept_none_some_all(target_model, tok):
+    target = CachedLM(target_model, len(tok))
+    ids = encode_prompt(tok, "rollback test", True)
+    cfg = DecodeConfig(gamma=4, max_new_tokens=60)
+    truth = vanilla_ids(target, tok, ids, cfg)
+    drafter = ScriptedDrafter(truth, len(ids), 4, len(tok))
+    events = list(speculative_decode(target, drafter, tok, ids, cfg))
+    iters = [e for e in events if isinstance(e, IterationEvent)]
+    assert [e.accepted for e in iters] == drafter.expected
+    assert {0, 1, 2, 3, 4} <= {e.accepted for e in iters}  # none, some and all (bonus) happened
+    assert any(e.correction.kind == "bonus" for e in iters)
+    assert events[-1].output_ids == truth
+    # the cache holds exactly the KV of the final sequence minus its pending last token
+    full = ids + events[-1].output_ids
+    assert target.cached == len(full) - 1
+    fresh = CachedLM(target_model, len(tok))
+    fresh.reset()
+    fresh.feed(full[:-1])
+    for a, b in zip(target.cache.layers, fresh.cache.layers):
+        assert a.keys.shape == b.keys.shape
+        assert torch.allclose(a.keys, b.keys, atol=1e-4) and torch.allclose(a.values, b.values, atol=1e-4)
+
+
+def test_draft_cache_rolls_back(target_model, draft_model, tok):
+    target = CachedLM(target_model, len(tok))
+    drafter = ModelDrafter(draft_model)
+    ids = encode_prompt(tok, "draft cache", True)
+    out = list(speculative_decode(target, drafter, tok, ids, DecodeConfig(gamma=5, max_new_tokens=30)))[-1]
+    seq = ids + out.output_ids
+    assert drafter._seq == seq[: len(drafter._seq)]
+    assert drafter.lm.cached == len(drafter._seq)
+
+
+def check_invariants(events, max_new_tokens):
+    start, iters, summary = events[0], events[1:-1], events[-1]
+    assert isinstance(start, StartEvent) and isinstance(summary, SummaryEvent)
+    assert all(isinstance(e, IterationEvent) for e in iters)
+    emitted, proposed, accepted = [], 0, 0
+    for i, e in enumerate(iters):
+        g = len(e.proposed)
+        assert e.index == i
+        assert len(e.proposed_text) == len(e.q) == len(e.p) == len(e.accept_prob) == len(e.draws) == g
+        assert g <= max(e.gamma, 0)
+        assert 0 <= e.accepted <= g
+        for pi, qi, a in zip(e.p, e.q, e.accept_prob):
+            assert 0 <= pi <= 1 and 0 < qi <= 1
+            assert abs(a - min(1.0, pi / qi)) < 1e-6
+        for j, d in enumerate(e.draws):
+            if j < e.accepted:
+                assert d is not None and d < e.accept_prob[j]
+            elif j == e.accepted:
+                assert d is not None and d >= e.accept_prob[j]
+            else:
+                assert d is None
+        kind = e.correction.kind
+        assert kind == ("sample" if g == 0 else "bonus" if e.accepted == g else "resample")
+        full = e.proposed[: e.accepted] + [e.correction.token]
+        assert e.emitted == full[: len(e.emitted)] and len(e.emitted) >= 1
+        assert len(e.emitted_text) == len(e.emitted)
+        assert len(e.target_top) == g + 1
+        emitted += e.emitted
+        proposed += g
+        accepted += e.accepted
+        assert e.tokens_total == len(emitted)
+        assert e.proposed_total == proposed and e.accepted_total == accepted
+        assert e.draft_ms >= 0 and e.verify_ms > 0
+    assert summary.output_ids == emitted
+    assert summary.new_tokens == len(emitted) <= max_new_tokens
+    assert summary.iterations == len(iters)
+    assert summary.proposed == proposed and summary.accepted == accepted
+    if proposed:
+        assert summary.acceptance_rate == accepted / proposed
+    assert sum(k for k, _ in summary.accepted_by_position) == accepted
+    return iters
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 5, 0.9)])
+def test_event_invariants(temperature, top_k, top_p, target_model, draft_model, tok):
+    for kind, make in drafters(target_model, draft_model).items():
+        target = CachedLM(target_model, len(tok))
+        ids = encode_prompt(tok, "abc abc abc", True)
+        cfg = DecodeConfig(gamma=4, max_new_tokens=30, sampling=SamplingConfig(temperature, top_k, top_p), seed=3)
+        check_invariants(list(speculative_decode(target, make(), tok, ids, cfg)), 30)
+    events = list(vanilla_decode(CachedLM(target_model, len(tok)), tok, ids, cfg))
+    iters = check_invariants(events, 30)
+    assert all(len(e.emitted) == 1 for e in iters)
+
+
+def test_events_roundtrip_json(target_model, draft_model, tok):
+    target = CachedLM(target_model, len(tok))
+    ids = encode_prompt(tok, "json", True)
+    cfg = DecodeConfig(gamma=3, max_new_tokens=12, sampling=SamplingConfig(1.0), seed=1)
+    events = list(speculative_decode(target, ModelDrafter(draft_model), tok, ids, cfg))
+    back = loads(dumps(events))
+    assert back == events
+
+
+def test_seed_reproduces_sampled_output(target_model, draft_model, tok):
+    ids = encode_prompt(tok, "seeded", True)
+
+    def run(seed):
+        cfg = DecodeConfig(gamma=4, max_new_tokens=40, sampling=SamplingConfig(1.0), seed=seed)
+        return list(speculative_decode(CachedLM(target_model, len(tok)), ModelDrafter(draft_model),
+                                       tok, ids, cfg))[-1].output_ids
+
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+
+
+def test_stops_at_eos(target_model, tok, monkeypatch):
+    target = CachedLM(target_model, len(tok))
+    ids = encode_prompt(tok, "stop here", True)
+    cfg = DecodeConfig(gamma=4, max_new_tokens=40)
+    truth = vanilla_ids(target, tok, ids, cfg)
+    stop_token = truth[7]
+    monkeypatch.setattr(engine, "eos_ids", lambda *a: {stop_token})
+    want = truth[: truth.index(stop_token) + 1]
+    for make in (lambda: PromptLookupDrafter(), lambda: ModelDrafter(target_model)):
+        out = list(speculative_decode(target, make(), tok, ids, cfg))[-1]
+        assert out.output_ids == want and out.stop_reason == "eos"
+    out = list(vanilla_decode(target, tok, ids, cfg))[-1]
+    assert out.output_ids == want and out.stop_reason == "eos"
+
+
+def test_max_new_tokens_is_exact(target_model, tok):
+    target = CachedLM(target_model, len(tok))
+    ids = encode_prompt(tok, "count", True)
+    for n in (1, 2, 5, 13):
+        out = list(speculative_decode(target, ModelDrafter(target_model), tok, ids, DecodeConfig(gamma=6, max_new_tokens=n)))[-1]
+        assert out.new_tokens == n and out.stop_reason == "max_new_tokens"
+
+
+def test_context_limit_caps_generation(target_model, tok):
+    target = CachedLM(target_model, len(tok))  # max_position_embeddings = 512
+    ids = encode_prompt(tok, "y" * 500, False)
+    out = list(speculative_decode(target, PromptLookupDrafter(), tok, ids, DecodeConfig(gamma=4, max_new_tokens=100)))[-1]
+    assert len(ids) + out.new_tokens == 512 and out.stop_reason == "context"
+    with pytest.raises(SpecvizError, match="context"):
+        speculative_decode(target, PromptLookupDrafter(), tok, encode_prompt(tok, "y" * 600, False),
+                           DecodeConfig())
+
+
+def test_consumer_can_stop_and_engine_restarts(target_model, draft_model, tok):
+    target = CachedLM(target_model, len(tok))
+    ids = encode_prompt(tok, "stop early", True)
+    cfg = DecodeConfig(gamma=3, max_new_tokens=50)
+    stream = speculative_decode(target, ModelDrafter(draft_model), tok, ids, cfg)
+    seen = [next(stream) for _ in range(3)]
+    stream.close()
+    assert isinstance(seen[-1], IterationEvent)
+    full = list(speculative_decode(target, ModelDrafter(draft_model), tok, ids, cfg))[-1]
+    assert full.output_ids == vanilla_ids(target, tok, ids, cfg)
+
+
+@pytest.mark.parametrize("kwargs,needle", [({"gamma": 0}, "gamma"), ({"gamma": 2.5}, "gamma"),
+                                           ({"max_new_tokens": 0}, "max new tokens")])
+def test_bad_decode_config(kwargs, needle):
+    with pytest.raises(SpecvizError, match=needle):
+        DecodeConfig(**kwargs)
+
+
+def test_empty_prompt_is_refused(tok):
+    for bad in ("", "   ", "\n"):
+        with pytest.raises(SpecvizError, match="empty"):
+            encode_prompt(tok, bad, True)
+
+
+def test_prompt_lookup_prefers_longest_most_recent_match():
+    d = PromptLookupDrafter(max_ngram=3, adaptive=False)
+    ids = [1, 2, 3, 9, 9, 5, 2, 3, 7, 8, 1, 2, 3]
+    tokens, n = d.find(ids, 4)
+    assert n == 3 and tokens == [9, 9, 5, 2]
+    ids = [4, 5, 6, 1, 4, 5, 7, 2, 4, 5]  # "4 5" occurs twice before: take the later one
+    tokens, n = d.find(ids, 2)
+    assert n == 2 and tokens == [7, 2]
+    assert d.find([1, 2, 3, 4], 3) == ([], 0)
+
+
+def test_early_exit_view_shares_weights(target_model):
+    from specviz.lm import early_exit_view
+
+    view = early_exit_view(target_model, 2)
+    assert len(view.model.layers) == 2 and len(target_model.model.layers) == 4
+    assert view.lm_head.weight is target_model.lm_head.weight
+    assert view.model.layers[0] is target_model.model.layers[0]
+    with pytest.raises(SpecvizError, match="early-exit"):
+        early_exit_view(target_model, 4)

@@ -1,0 +1,66 @@
+import pytest
+import torch
+
+from specviz.errors import SpecvizError
+from specviz.sampling import SamplingConfig, logits_to_probs, make_generator, sample
+
+
+def test_greedy_is_one_hot_on_first_argmax():
+    logits = torch.tensor([0.5, 2.0, 2.0, -1.0])
+    p = logits_to_probs(logits, SamplingConfig(0.0))
+    assert p.tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_temperature_scales_softmax():
+    logits = torch.tensor([1.0, 2.0, 3.0])
+    p = logits_to_probs(logits, SamplingConfig(2.0))
+    assert torch.allclose(p, torch.softmax(logits / 2.0, -1))
+
+
+def test_top_k_keeps_k_largest_and_renormalises():
+    logits = torch.tensor([1.0, 4.0, 3.0, 2.0])
+    p = logits_to_probs(logits, SamplingConfig(1.0, top_k=2))
+    assert p[0] == 0 and p[3] == 0
+    assert torch.allclose(p[[1, 2]], torch.softmax(torch.tensor([4.0, 3.0]), -1))
+
+
+def test_top_p_keeps_smallest_prefix_reaching_p():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    p = logits_to_probs(probs.log(), SamplingConfig(1.0, top_p=0.8))
+    # 0.5 < 0.8, 0.5 + 0.3 reaches 0.8: the first two stay
+    assert (p > 0).tolist() == [True, True, False, False]
+    assert torch.allclose(p[:2], torch.tensor([0.625, 0.375]))
+    p = logits_to_probs(probs.log(), SamplingConfig(1.0, top_p=0.81))
+    assert (p > 0).tolist() == [True, True, True, False]
+
+
+def test_top_p_always_keeps_one_token():
+    p = logits_to_probs(torch.tensor([5.0, 0.0, 0.0]), SamplingConfig(1.0, top_p=0.01))
+    assert p.tolist() == [1.0, 0.0, 0.0]
+
+
+def test_rows_processed_independently():
+    logits = torch.tensor([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]])
+    p = logits_to_probs(logits, SamplingConfig(1.0, top_k=1))
+    assert p.tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+
+
+def test_seeded_sampling_repeats():
+    probs = torch.softmax(torch.randn(50), -1)
+    a = [sample(probs, g) for g in [make_generator(7)] for _ in range(20)]
+    g = make_generator(7)
+    b = [sample(probs, g) for _ in range(20)]
+    assert a == b
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_k": -1}, "top-k"),
+    ({"top_k": 1.5}, "top-k"),
+    ({"top_p": 0.0}, "top-p"),
+    ({"top_p": 1.5}, "top-p"),
+])
+def test_bad_settings_raise_clear_errors(kwargs, needle):
+    with pytest.raises(SpecvizError, match=needle):
+        SamplingConfig(**kwargs)
