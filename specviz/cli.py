@@ -83,7 +83,8 @@ def _pipeline(args):
     from .registry import load_registry
 
     reg = load_registry(args.models)
-    progress = None if getattr(args, "json", False) else (lambda m: print(f"[specviz] {m}", file=sys.stderr))
+    # progress only for a person watching a terminal: errors must stay a single line on stderr
+    progress = (lambda m: print(f"[specviz] {m}", file=sys.stderr)) if sys.stderr.isatty() else None
     return build_pipeline(reg, pair=args.pair, target=args.target, drafter=args.draft, device=args.device,
                           dtype=args.dtype, gamma=getattr(args, "gamma", None) if not isinstance(
                               getattr(args, "gamma", None), list) else None, progress=progress)

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+# this machine has no route to the Hub: fail fast instead of retrying (set before transformers loads)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

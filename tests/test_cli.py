@@ -1,0 +1,95 @@
+"""The CLI contract: pairs, run (--json), check, and one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specviz.cli import main
+
+from .conftest import ROOT
+
+
+def cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_pairs_lists_default_first(capsys, tiny_registry):
+    code, out, _ = cli(capsys, "pairs", "--models", str(tiny_registry))
+    lines = out.strip().splitlines()
+    assert code == 0 and lines[0].split("\t")[0] == "tiny-draft" and "default" in lines[0]
+    assert lines[-1].startswith("hub-pair") and "needs the Hub" in lines[-1]
+
+
+def test_run_json_contract(capsys, tiny_registry):
+    code, out, err = cli(capsys, "run", "--models", str(tiny_registry), "--pair", "tiny-draft",
+                         "--prompt", "hello", "--max-new-tokens", "20", "--json")
+    assert code == 0
+    rows = [json.loads(line) for line in out.strip().splitlines()]  # stdout is JSON lines only
+    iters, summary = rows[:-1], rows[-1]
+    assert all(r["event"] == "iteration" for r in iters) and summary["event"] == "summary"
+    for r in iters:
+        assert {"proposed", "accepted", "emitted", "draft_ms", "verify_ms"} <= set(r)
+        assert isinstance(r["accepted"], int) and isinstance(r["proposed"], list)
+    assert summary["output_ids"] == [t for r in iters for t in r["emitted"]]
+    assert {"text", "acceptance_rate", "tokens_per_second"} <= set(summary)
+
+
+def test_run_vanilla_matches_speculative_greedy(capsys, tiny_registry):
+    outs = []
+    for extra in ([], ["--vanilla"], ["--draft", "early-exit:2"], ["--draft", "lookup:2"]):
+        code, out, _ = cli(capsys, "run", "--models", str(tiny_registry), "--pair", "tiny-draft",
+                           "--prompt", "abc abc", "--max-new-tokens", "25", "--json", *extra)
+        assert code == 0
+        outs.append(json.loads(out.strip().splitlines()[-1])["output_ids"])
+    assert all(o == outs[0] for o in outs)
+
+
+def test_run_human_output(capsys, tiny_registry):
+    code, out, err = cli(capsys, "run", "--models", str(tiny_registry), "--target", "tiny-target",
+                         "--draft", "tiny-draft", "--prompt", "hi", "--max-new-tokens", "8",
+                         "--temperature", "1", "--top-k", "5", "--seed", "3")
+    assert code == 0 and "#0" in err and "tokens/s" in err
+
+
+def test_check_json(capsys, tiny_registry):
+    code, out, _ = cli(capsys, "check", "--models", str(tiny_registry), "--pair", "tiny-draft",
+                       "--prompt", "ab ab a", "--samples", "300", "--json", "--no-chat")
+    res = json.loads(out)
+    assert code == 0 and 0 <= res["tv"] <= 1 and 0 <= res["p_value"] <= 1
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["run", "--pair", "nope", "--prompt", "x"], "unknown pair"),
+    (["run", "--target", "nope", "--prompt", "x"], "unknown model"),
+    (["run", "--pair", "tiny-mismatch", "--prompt", "x"], "tokenizers"),
+    (["run", "--pair", "tiny-draft", "--prompt", "x", "--gamma", "0"], "gamma"),
+    (["run", "--pair", "tiny-draft", "--prompt", "x", "--temperature", "-1"], "temperature"),
+    (["run", "--pair", "tiny-draft", "--prompt", "x", "--top-p", "2"], "top-p"),
+    (["run", "--pair", "tiny-draft", "--prompt", "   "], "empty"),
+    (["run", "--pair", "tiny-draft", "--prompt", "y" * 700, "--no-chat"], "context"),
+    (["run", "--pair", "tiny-draft", "--prompt", "x", "--max-new-tokens", "0"], "max new tokens"),
+    (["run", "--pair", "tiny-draft", "--prompt", "x", "--device", "cuda"], "cuda"),
+    (["check", "--pair", "tiny-draft", "--prompt", "x", "--samples", "2"], "samples"),
+])
+def test_errors_are_one_clear_line(capsys, tiny_registry, argv, needle):
+    code, out, err = cli(capsys, *argv[:1], "--models", str(tiny_registry), *argv[1:])
+    if needle == "cuda" and code == 0:
+        pytest.skip("a CUDA device is present")
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err
+
+
+def test_subprocess_errors_have_no_traceback(tiny_registry):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for argv in (["run", "--models", str(tiny_registry), "--pair", "tiny-draft", "--prompt", "x", "--gamma", "0"],
+                 ["run", "--models", str(tiny_registry), "--prompt", "x", "--bogus"]):
+        r = subprocess.run([sys.executable, "-m", "specviz", *argv], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

@@ -1,0 +1,126 @@
+"""models.yaml validation, availability ordering, loading through the Hub-folder path, tokenizer checks."""
+
+import pytest
+
+from specviz.errors import SpecvizError
+from specviz.loading import build_pipeline, check_tokenizers, parse_drafter, pick_device, pick_dtype
+from specviz.registry import load_registry, parse
+from specviz.tiny import tiny_tokenizer
+
+GOOD = {
+    "models": {"a": {"sources": [{"hub": "x/a"}]}, "b": {"sources": [{"hub": "x/b"}]}},
+    "pairs": {"p": {"target": "a", "drafter": {"kind": "model", "model": "b"}, "gamma": 3}},
+}
+
+
+def bad(**changes):
+    import copy
+
+    data = copy.deepcopy(GOOD)
+    for path, value in changes.items():
+        node = data
+        keys = path.split("__")
+        for k in keys[:-1]:
+            node = node[k]
+        node[keys[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize("data,needle", [
+    ("not a mapping", "mapping"),
+    (bad(models__a={"sources": []}), "sources"),
+    (bad(models__a={"sources": [{"ftp": "x"}]}), "package, local or hub"),
+    (bad(pairs__p__target="zzz"), "unknown target"),
+    (bad(pairs__p__drafter={"kind": "magic"}), "drafter kind"),
+    (bad(pairs__p__drafter={"kind": "model", "model": "zzz"}), "unknown draft model"),
+    (bad(pairs__p__drafter={"kind": "early_exit"}), "layers"),
+    (bad(pairs__p__gamma=0), "gamma"),
+    (bad(pairs={}), "no pairs"),
+    ({**GOOD, "default_pair": "nope"}, "default_pair"),
+])
+def test_invalid_registry_is_refused(data, needle):
+    with pytest.raises(SpecvizError, match=needle):
+        parse(data)
+
+
+def test_real_registry_parses_and_orders_pairs():
+    reg = load_registry()
+    rows = reg.ordered_pairs()
+    assert rows[0][0].name == reg.default()
+    flags = [offline for _, offline in rows[1:]]
+    assert flags == sorted(flags, reverse=True)  # offline pairs before Hub-only pairs
+    assert reg.default() == "smollm2-135m-lookup"
+    assert "smollm2-135m-early-exit" in reg.pairs
+
+
+def test_missing_or_broken_registry_file(tmp_path):
+    with pytest.raises(SpecvizError, match="not found"):
+        load_registry(tmp_path / "none.yaml")
+    f = tmp_path / "m.yaml"
+    f.write_text("models: [unclosed")
+    with pytest.raises(SpecvizError, match="YAML"):
+        load_registry(f)
+
+
+def test_tiny_registry_loads_through_folder_path(tiny_registry):
+    reg = load_registry(tiny_registry)
+    assert [p.name for p, off in reg.ordered_pairs() if off][0] == "tiny-draft"
+    assert reg.ordered_pairs()[-1][0].name == "hub-pair"
+    pipe = build_pipeline(reg, pair="tiny-draft", device="cpu")
+    assert pipe.draft is not None and pipe.drafter.kind == "model"
+    info = pipe.info()
+    assert info["target"]["device"] == "cpu" and info["target"]["dtype"] == "float32"
+    # loaded once, reused across runs
+    again = build_pipeline(reg, pair="tiny-lookup", device="cpu")
+    assert again.target.model is pipe.target.model
+    ee = build_pipeline(reg, pair="tiny-early-exit", device="cpu")
+    assert ee.drafter.kind == "early_exit" and ee.info()["draft"]["source"] == "the target's weights"
+
+
+def test_target_and_drafter_named_directly(tiny_registry):
+    reg = load_registry(tiny_registry)
+    pipe = build_pipeline(reg, target="tiny-target", drafter="tiny-draft", device="cpu", gamma=2)
+    assert pipe.gamma == 2 and pipe.draft.name == "tiny-draft"
+    pipe = build_pipeline(reg, target="tiny-target", drafter="early-exit:1", device="cpu")
+    assert pipe.drafter.layers == 1
+    with pytest.raises(SpecvizError, match="either a pair or a target"):
+        build_pipeline(reg, pair="tiny-draft", target="tiny-target")
+
+
+def test_mismatched_tokenizers_are_refused(tiny_registry):
+    reg = load_registry(tiny_registry)
+    with pytest.raises(SpecvizError, match="tokenizers .* differ"):
+        build_pipeline(reg, pair="tiny-mismatch", device="cpu")
+    with pytest.raises(SpecvizError, match="differ"):
+        check_tokenizers(tiny_tokenizer(), tiny_tokenizer(reverse=True), "a", "b")
+    check_tokenizers(tiny_tokenizer(), tiny_tokenizer(), "a", "b")  # same vocabulary: fine
+
+
+def test_unknown_names(tiny_registry):
+    reg = load_registry(tiny_registry)
+    with pytest.raises(SpecvizError, match="unknown pair 'nope'"):
+        build_pipeline(reg, pair="nope")
+    with pytest.raises(SpecvizError, match="unknown model 'nope'"):
+        build_pipeline(reg, target="nope")
+    with pytest.raises(SpecvizError, match="unknown model"):
+        parse_drafter("nope", reg)
+    with pytest.raises(SpecvizError, match="early-exit layers"):
+        parse_drafter("early-exit:x", reg)
+    with pytest.raises(SpecvizError, match="early-exit layers must be between"):
+        build_pipeline(reg, target="tiny-target", drafter="early-exit:9", device="cpu")
+
+
+def test_unavailable_model_fails_cleanly(tiny_registry):
+    reg = load_registry(tiny_registry)
+    with pytest.raises(SpecvizError, match="could not load model 'hub-only'"):
+        build_pipeline(reg, pair="hub-pair", device="cpu")
+
+
+def test_device_and_dtype_choice():
+    assert pick_device("cpu").type == "cpu"
+    assert str(pick_dtype("auto", pick_device("cpu"))) == "torch.float32"
+    assert str(pick_dtype("bf16", pick_device("cpu"))) == "torch.bfloat16"
+    with pytest.raises(SpecvizError, match="dtype"):
+        pick_dtype("int3", pick_device("cpu"))
+    with pytest.raises(SpecvizError, match="device"):
+        pick_device("tpu")
