@@ -83,3 +83,8 @@ def real_pipeline_factory():
         return build_pipeline(reg, pair=pair, device="cpu", dtype="float32")
 
     return make
+
+
+def pytest_configure(config):
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning")
+    config.addinivalue_line("filterwarnings", "ignore::FutureWarning")
