@@ -6,6 +6,7 @@ import contextlib
 import io
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -62,6 +63,7 @@ class Loaded:
 
 _CACHE: dict[tuple, Loaded] = {}
 _MAX_CACHED = 3
+_LOCK = threading.Lock()  # one load at a time: a start-up preload and a first click share it
 
 
 def _quiet():
@@ -78,13 +80,20 @@ def load_model(spec: ModelSpec, device: str = "auto", dtype: str = "auto", quiet
     dt = pick_dtype(dtype, dev)
     src = spec.pick_source()
     key = (spec.name, src, str(dev), str(dt))
-    if key in _CACHE:
-        return _CACHE[key]
-    loaded = _load_source(spec.name, src, dev, dt, quiet)
-    if len(_CACHE) >= _MAX_CACHED:
-        _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[key] = loaded
-    return loaded
+    with _LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+        loaded = _load_source(spec.name, src, dev, dt, quiet)
+        if len(_CACHE) >= _MAX_CACHED:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = loaded
+        return loaded
+
+
+def is_loaded(spec: ModelSpec, device: str = "auto", dtype: str = "auto") -> bool:
+    dev = pick_device(device)
+    src = spec.offline_source() or spec.pick_source()
+    return (spec.name, src, str(dev), str(pick_dtype(dtype, dev))) in _CACHE
 
 
 def _load_source(name: str, src: Source, dev: torch.device, dt: torch.dtype, quiet: bool) -> Loaded:

@@ -46,3 +46,12 @@ def best_gamma(a: float, c: float, v: float | list[float] = 1.0, max_gamma: int 
         if s > best[1]:
             best = (g, s)
     return best
+
+
+def predicted_speedup_mixed(a: float, gammas: list[int], c: float, v: dict[int, float]) -> float:
+    """Predicted speedup of a run whose iterations proposed ``gammas[i]`` tokens each (0 = a
+    plain step), with verify cost v[g] (relative to a 1-token step) for each length used:
+    sum of E[tokens] over sum of costs.  With a single gamma this is :func:`predicted_speedup`."""
+    tokens = sum(expected_tokens(a, g) if g else 1.0 for g in gammas)
+    cost = sum(g * c + v[g] for g in gammas)
+    return tokens / cost if cost > 0 else 0.0

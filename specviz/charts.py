@@ -1,0 +1,99 @@
+"""Plotly figures of a run, from its trace alone.  Small on purpose (template "none", few
+points), since a streaming page receives each figure whole every time it is redrawn."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from .events import IterationEvent
+from .trace import Trace
+
+COLORS = {"accepted": "#2e9e5b", "rejected": "#d64545", "resample": "#e08a1e", "bonus": "#3b7dd8",
+          "spec": "#7b4fd1", "vanilla": "#8a8a8a", "theory": "#222222", "draft": "#e0b41e",
+          "verify": "#3b7dd8", "prefill": "#9db7e0", "other": "#c9c9c9", "p": "#3b7dd8", "q": "#e08a1e"}
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 260) -> go.Figure:
+    fig.update_layout(template="none", title={"text": title, "font": {"size": 14}}, height=height,
+                      margin={"l": 78, "r": 12, "t": 36, "b": 64}, xaxis_title=x, yaxis_title=y,
+                      legend={"orientation": "h", "y": -0.32, "x": 0, "yanchor": "top"}, font={"size": 11},
+                      paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
+    return fig
+
+
+def acceptance_figure(trace: Trace) -> go.Figure:
+    xs, ys, running = trace.acceptance_series()
+    fig = go.Figure()
+    fig.add_bar(x=xs, y=ys, name="kept / proposed", marker_color=COLORS["accepted"], opacity=0.55)
+    fig.add_scatter(x=xs, y=running, name="running acceptance rate", mode="lines",
+                    line={"color": COLORS["spec"], "width": 2})
+    fig.update_yaxes(range=[0, 1.05])
+    return _layout(fig, "Acceptance per iteration", "iteration", "fraction kept")
+
+
+def accepted_length_figure(trace: Trace) -> go.Figure:
+    observed, expected = trace.accepted_length_counts()
+    ks = list(range(len(observed)))
+    fig = go.Figure()
+    fig.add_bar(x=ks, y=observed, name="measured", marker_color=COLORS["accepted"])
+    a = trace.acceptance_rate
+    fig.add_scatter(x=ks, y=expected, mode="lines+markers", name=f"theory (a = {a:.2f})" if a is not None else "theory",
+                    line={"color": COLORS["theory"], "dash": "dot"})
+    return _layout(fig, "Accepted length per iteration", "draft tokens kept (k)", "iterations")
+
+
+def position_figure(trace: Trace) -> go.Figure:
+    rows = trace.by_position()
+    fig = go.Figure()
+    fig.add_bar(x=[i + 1 for i in range(len(rows))], y=[k / n if n else 0 for k, n in rows],
+                text=[f"{k}/{n}" for k, n in rows], textposition="outside", marker_color=COLORS["spec"],
+                name="kept / examined")
+    fig.update_yaxes(range=[0, 1.15])
+    return _layout(fig, "Acceptance by draft position", "position in the proposal", "kept / examined")
+
+
+def throughput_figure(spec: Trace, vanilla: Trace | None) -> go.Figure:
+    fig = go.Figure()
+    for name, tr, color in (("speculative", spec, COLORS["spec"]), ("vanilla", vanilla, COLORS["vanilla"])):
+        if tr is None or tr.start is None:
+            continue
+        xs = [0.0, tr.start.prefill_ms] + [e.elapsed_ms for e in tr.iterations]
+        ys = [0, 0] + [e.tokens_total for e in tr.iterations]
+        fig.add_scatter(x=[x / 1000 for x in xs], y=ys, mode="lines", name=f"{name} ({tr.tokens_per_second:.1f} tok/s)",
+                        line={"color": color, "width": 2, "shape": "hv"})
+    title = "Tokens over wall time"
+    if vanilla is not None and vanilla.summary and spec.summary and vanilla.tokens_per_second > 0:
+        title += f": speedup {spec.tokens_per_second / vanilla.tokens_per_second:.2f}x"
+    return _layout(fig, title, "seconds", "tokens generated")
+
+
+def time_split_figure(spec: Trace, vanilla: Trace | None) -> go.Figure:
+    fig = go.Figure()
+    runs = [("speculative", spec)] + ([("vanilla", vanilla)] if vanilla is not None and vanilla.start else [])
+    for part in ("prefill", "draft", "verify", "other"):
+        fig.add_bar(y=[n for n, _ in runs], x=[tr.time_split()[part] / 1000 for _, tr in runs], name=part,
+                    orientation="h", marker_color=COLORS[part])
+    fig.update_layout(barmode="stack")
+    return _layout(fig, "Where the time went (verify = target passes)", "seconds", "", height=200)
+
+
+def inspector_figure(e: IterationEvent | None) -> go.Figure:
+    fig = go.Figure()
+    if e is not None and e.proposed:
+        labels = [f"{i + 1}: {t!r}" for i, t in enumerate(e.proposed_text)]
+        fig.add_bar(x=labels, y=e.q, name="q (draft)", marker_color=COLORS["q"])
+        fig.add_bar(x=labels, y=e.p, name="p (target)", marker_color=COLORS["p"])
+        if all(x in (0.0, 1.0) for x in e.p):  # greedy: p and q are one-hot; show the softmax too
+            fig.add_bar(x=labels, y=e.q_raw, name="q softmax T=1", marker_color=COLORS["q"], opacity=0.45)
+            fig.add_bar(x=labels, y=e.p_raw, name="p softmax T=1", marker_color=COLORS["p"], opacity=0.45)
+        fig.update_layout(barmode="group")
+    elif e is not None:
+        labels = [repr(t) for _, t, _ in e.correction.top]
+        fig.add_bar(x=labels, y=[p for _, _, p in e.correction.top], name="p (target)", marker_color=COLORS["p"])
+    fig.update_yaxes(range=[0, 1.05])
+    return _layout(fig, "p and q of each proposal", "", "probability", height=240)
+
+
+def all_figures(spec: Trace, vanilla: Trace | None) -> tuple[go.Figure, ...]:
+    return (acceptance_figure(spec), accepted_length_figure(spec), position_figure(spec),
+            throughput_figure(spec, vanilla), time_split_figure(spec, vanilla))

@@ -1,0 +1,137 @@
+"""HTML for the live token view, its legend and the iteration inspector, from events alone.
+
+Every model-produced string is HTML-escaped here; whitespace and special tokens are shown as
+they are (a newline as a visible return mark followed by the line break).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+from .events import IterationEvent
+
+_SPECIAL = re.compile(r"^<[|｜]?[A-Za-z_/][^<>]*[|｜]?>$")
+
+LEGEND = (
+    '<div class="sv-legend">'
+    '<span class="sv-tok sv-acc">accepted</span> draft token kept by the target '
+    '<span class="sv-tok sv-rej">rejected</span> first draft token the target refused '
+    '<span class="sv-tok sv-skip">unchecked</span> proposals after a rejection (discarded) '
+    '<span class="sv-tok sv-res">resampled</span> the target\'s correction, drawn from norm(max(0, p &minus; q)) '
+    '<span class="sv-tok sv-bonus">bonus</span> free extra token when all were kept, drawn from p '
+    '<span class="sv-tok sv-plain">plain</span> target step with no proposal. '
+    'A box is one iteration (one target pass); hover a token for p, q, min(1, p/q) and the draw u.'
+    '</div>')
+
+
+def show(piece: str) -> str:
+    """Escaped, with whitespace made visible where it would vanish."""
+    if piece == "":
+        return '<span class="sv-ws">&empty;</span>'
+    out = html.escape(piece)
+    out = out.replace("\n", '<span class="sv-ws">&crarr;</span>\n').replace("\t", '<span class="sv-ws">&rarr;</span>\t')
+    if piece.strip() == "":
+        out = out.replace(" ", '<span class="sv-ws">&middot;</span>') if "\n" not in piece else out
+    return out
+
+
+def _attr(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0"
+    return f"{x:.3g}" if x >= 1e-3 else f"{x:.1e}"
+
+
+def _token_title(e: IterationEvent, i: int, state: str) -> str:
+    lines = [f"iteration {e.index}, draft position {i + 1}: {state}",
+             f"q (draft) = {_fmt(e.q[i])}    p (target) = {_fmt(e.p[i])}",
+             f"min(1, p/q) = {_fmt(e.accept_prob[i])}"]
+    if e.draws[i] is not None:
+        verdict = "<" if i < e.accepted else ">="
+        lines.append(f"draw u = {e.draws[i]:.3f}  ({verdict} min(1, p/q))")
+    if e.p_raw and (e.p[i] in (0.0, 1.0)):
+        lines.append(f"softmax at T=1: p = {_fmt(e.p_raw[i])}, q = {_fmt(e.q_raw[i]) if e.q_raw else '-'}")
+    return "\n".join(lines)
+
+
+def _correction_title(e: IterationEvent) -> str:
+    c = e.correction
+    what = {"resample": "resampled from norm(max(0, p - q)) after the rejection",
+            "bonus": "bonus token: every proposal was kept, drawn from p",
+            "sample": "plain target step (no proposal), drawn from p"}[c.kind]
+    top = ", ".join(f"{t!r} {_fmt(pr)}" for _, t, pr in c.top[:4])
+    return f"iteration {e.index}: {what}\nprobability there = {_fmt(c.p)}\ntop: {top}"
+
+
+def is_special(piece: str) -> bool:
+    return bool(_SPECIAL.match(piece.strip())) and piece.strip() == piece
+
+
+def _tok(cls: str, piece: str, title: str) -> str:
+    special = " sv-special" if is_special(piece) else ""
+    return f'<span class="sv-tok {cls}{special}" title="{_attr(title)}">{show(piece)}</span>'
+
+
+def iteration_html(e: IterationEvent) -> str:
+    parts = []
+    n_emit = len(e.emitted)
+    for i, piece in enumerate(e.proposed_text):
+        if i < e.accepted:
+            if i >= n_emit:
+                break  # cut by EOS or the token limit
+            parts.append(_tok("sv-acc", piece, _token_title(e, i, "accepted")))
+        elif i == e.accepted:
+            parts.append(_tok("sv-rej", piece, _token_title(e, i, "rejected")))
+        else:
+            parts.append(_tok("sv-skip", piece, f"iteration {e.index}, draft position {i + 1}: "
+                                                   "discarded unchecked (after a rejection)"))
+    if n_emit > e.accepted:  # the target's own token made it into the output
+        cls = {"resample": "sv-res", "bonus": "sv-bonus", "sample": "sv-plain"}[e.correction.kind]
+        parts.append(_tok(cls, e.correction.text, _correction_title(e)))
+    kept = f"{e.accepted} of {len(e.proposed)} kept" if e.proposed else "no proposal"
+    title = f"iteration {e.index}: {kept}; {e.reason}; verify {e.verify_ms:.0f} ms, draft {e.draft_ms:.0f} ms"
+    return f'<span class="sv-it" title="{_attr(title)}">{"".join(parts)}</span>'
+
+
+def tokens_html(iterations: list[IterationEvent], prompt: str | None = None) -> str:
+    """The token view. It only grows at the end while a run streams (no closing tag is emitted,
+    the browser closes it), so the page receives appends, not the whole text each time."""
+    head = '<div class="sv-tokens">'
+    if prompt:
+        head += f'<span class="sv-prompt" title="the prompt">{show(prompt)}</span>'
+    return head + "".join(iteration_html(e) for e in iterations)
+
+
+def inspector_html(e: IterationEvent | None) -> str:
+    if e is None:
+        return '<div class="sv-inspect">No iteration yet: press Run, or load a saved run.</div>'
+    rows = []
+    for i, piece in enumerate(e.proposed_text):
+        state = "accepted" if i < e.accepted else "rejected" if i == e.accepted else "unchecked"
+        draw = "-" if e.draws[i] is None else f"{e.draws[i]:.3f}"
+        raw = f"{_fmt(e.p_raw[i])} / {_fmt(e.q_raw[i]) if e.q_raw else '-'}"
+        rows.append(f"<tr class='sv-row-{state}'><td>{i + 1}</td><td><code>{show(piece)}</code></td>"
+                    f"<td>{_fmt(e.q[i])}</td><td>{_fmt(e.p[i])}</td><td>{_fmt(e.accept_prob[i])}</td>"
+                    f"<td>{draw}</td><td>{state}</td><td>{raw}</td></tr>")
+    c = e.correction
+    kind = {"resample": "resampled", "bonus": "bonus", "sample": "plain step"}[c.kind]
+    used = kind if len(e.emitted) > e.accepted else f"{kind} (not emitted: the run stopped first)"
+    rows.append(f"<tr class='sv-row-{c.kind}'><td>+</td><td><code>{show(c.text)}</code></td><td>-</td>"
+                f"<td>{_fmt(c.p)}</td><td>-</td><td>-</td><td>{used}</td><td></td></tr>")
+    src = {"resample": "norm(max(0, p &minus; q)) at the rejected position",
+           "bonus": "p after the last proposal", "sample": "p"}[c.kind]
+    top = "".join(f"<li><code>{show(t)}</code> {_fmt(pr)}</li>" for _, t, pr in c.top)
+    table = ("<table class='sv-table'><tr><th>#</th><th>token</th><th>q(x)</th><th>p(x)</th>"
+             "<th>min(1, p/q)</th><th>draw u</th><th>decision</th><th>softmax T=1 p / q</th></tr>"
+             + "".join(rows) + "</table>")
+    head = (f"<div class='sv-inspect'><b>Iteration {e.index}</b> &middot; {_attr(e.drafter)} proposed "
+            f"{len(e.proposed)} (γ max {e.gamma}: {_attr(e.reason)}) &middot; kept {e.accepted} &middot; "
+            f"emitted {len(e.emitted)} &middot; draft {e.draft_ms:.1f} ms, verify {e.verify_ms:.1f} ms")
+    return (head + table + f"<p>The {kind} token was drawn from {src}; its top tokens:</p><ol class='sv-top'>"
+            + top + "</ol></div>")
