@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--prompts", required=True, help="a .jsonl file like specbench-dev.jsonl")
     p.add_argument("--limit", type=int, help="prompts per category")
+    p.add_argument("--skip", type=int, default=0, help="leave out the first N prompts of each category")
     p.add_argument("--categories", nargs="+")
     p.add_argument("--gamma", nargs="+", type=int)
     p.add_argument("--temperature", nargs="+", type=float, default=[0.0])

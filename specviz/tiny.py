@@ -58,3 +58,30 @@ def save_tiny(folder, seed: int = 0, reverse_tokenizer: bool = False, **kwargs) 
     tiny_llama(seed=seed, **kwargs).save_pretrained(folder)
     tiny_tokenizer(reverse_tokenizer).save_pretrained(folder)
     return str(folder)
+
+
+def synthetic_tokenizer(vocab_size: int):
+    """A tokenizer with ``vocab_size`` made-up tokens ("<17>"...), for models built from a config at
+    realistic sizes (random weights) where only ids, shapes and timings matter."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"<{i}>": i for i in range(vocab_size)}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<0>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<0>", eos_token="<2>", bos_token="<1>")
+
+
+def llama_from_config(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
+                      vocab_size: int = 49152, seed: int = 0, dtype=torch.float32, device="cpu"):
+    """A randomly initialised Llama at a realistic size (e.g. SmolLM2-1.7B's shapes)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      max_position_embeddings=8192, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(dtype)
+    return model.eval()

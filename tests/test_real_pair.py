@@ -30,13 +30,17 @@ def dev_prompts():
 def test_greedy_identical_to_vanilla_on_dev_prompts(pair, real_pipeline_factory):
     pipe = real_pipeline_factory(pair)
     cfg = DecodeConfig(gamma=pipe.gamma, max_new_tokens=40)
+    spec_iters = van_iters = 0
     for prompt in dev_prompts():
         ids = pipe.encode(prompt)
         van = list(pipe.vanilla(ids, cfg))[-1]
         spec = list(pipe.speculative(ids, cfg))[-1]
         cmp = compare(pipe.target_lm, ids, van.output_ids, spec.output_ids)
         assert cmp.identical, (prompt[:60], cmp.describe())
-        assert spec.iterations < van.iterations or pair.endswith("early-exit")
+        assert spec.iterations <= van.iterations
+        spec_iters += spec.iterations
+        van_iters += van.iterations
+    assert spec_iters < van_iters  # some proposals were kept: the verify path really ran
 
 
 def test_sampling_check_passes_at_t1(real_pipeline_factory):
