@@ -15,7 +15,9 @@ import yaml
 from specviz import charts, render
 from specviz.engine import DecodeConfig
 from specviz.errors import SpecvizError
+from specviz.exactness import Comparison as Exactness, first_difference
 from specviz.live import LiveState, live_run
+from specviz.mainthread import MainThreadRunner
 from specviz.loading import build_pipeline, is_loaded
 from specviz.registry import load_registry
 from specviz.sampling import SamplingConfig
@@ -36,9 +38,11 @@ DEFAULT_PAIR = REGISTRY.default()
 EXAMPLES = yaml.safe_load((ASSETS / "examples.yaml").read_text())
 DEVICE = os.environ.get("SPECVIZ_DEVICE", "auto")
 DTYPE = os.environ.get("SPECVIZ_DTYPE", "auto")
-CHART_EVERY = 4  # redraw charts every N iterations (figures are resent whole)
+TOKENS_EVERY_S = 0.2  # send the token view at most this often (several iterations may arrive at once)
+CHARTS_EVERY_S = 1.5  # redraw charts at most this often (figures are resent whole, and slow to build)
 EXPORT_DIR = Path(tempfile.gettempdir()) / "specviz-runs"
 PAIR_CHOICE = "(the pair's)"
+RUNNER = MainThreadRunner()  # decoding runs on the main thread when app.py is the program (see mainthread.py)
 OUTPUT_NAMES = ("status", "tokens", "fig_accept", "fig_length", "fig_position", "fig_throughput",
                 "fig_split", "summary", "iteration", "inspect_html", "inspect_fig", "download", "runs")
 
@@ -87,6 +91,9 @@ def summary_markdown(spec: Trace, vanilla: Trace | None, exact=None) -> str:
                      f"{cmp.predicted:.2f}x | |")
         lines.append(f"| draft cost c, verify cost v (vs one vanilla step) | c = {cmp.c:.3f}, v = "
                      + ", ".join(f"{v:.2f} @ {g}" for g, v in sorted(cmp.v.items())) + " | |")
+    if spec.summary is not None:
+        lines += ["", f"Timings are the decoders' own: the {spec.summary.consumer_ms / 1000:.2f} s this page spent "
+                      "drawing the speculative run between iterations is left out, as vanilla's is."]
     if exact is not None:
         greedy = spec.start.sampling.get("temperature", 0) == 0
         if greedy:
@@ -145,7 +152,7 @@ def _skip_all(status: str | None = None):
     return tuple([status if status is not None else gr.skip()] + [gr.skip()] * (len(OUTPUT_NAMES) - 1))
 
 
-def _error(message: str, runs=None):
+def _error(message: str):
     gr.Warning(message)
     return (f"**Error:** {message}",) + tuple(gr.skip() for _ in OUTPUT_NAMES[1:])
 
@@ -180,19 +187,25 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
         pipe = build_pipeline(REGISTRY, pair=None if custom_target else pair, target=custom_target,
                               drafter=custom_drafter, device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
         yield _skip_all("● prefilling the prompt…")
-        last_chart = -CHART_EVERY
-        for state in live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla)):
-            n = len(state.spec.iterations)
+        rendered: list[str] = []  # each iteration's HTML, made once
+        last_tokens = last_charts = 0.0
+        stream = RUNNER.stream(lambda: live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla)))
+        for state in stream:
+            now = time.perf_counter()
+            if state.last is not None:
+                rendered.append(render.iteration_html(state.last))
             if state.phase == "done":
                 yield full_view(state.spec, state.vanilla, status_line(state), state.exact)
-            elif state.phase == "speculative" and state.last is not None:
-                redraw = n - last_chart >= CHART_EVERY
+            elif state.phase == "speculative" and state.last is not None and now - last_tokens >= TOKENS_EVERY_S:
+                last_tokens = now
+                redraw = now - last_charts >= CHARTS_EVERY_S
                 if redraw:
-                    last_chart = n
+                    last_charts = now
                 figs = figures(state.spec, None) if redraw else (gr.skip(),) * 5
-                yield (status_line(state), render.tokens_html(state.spec.iterations), *figs,
+                yield (status_line(state), render.tokens_html([], rendered), *figs,
                        gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), {"spec": state.spec, "vanilla": None})
-            elif state.phase == "vanilla" and len(state.vanilla.iterations) % 8 == 1:
+            elif state.phase == "vanilla" and now - last_tokens >= 0.5:
+                last_tokens = now
                 yield _skip_all(status_line(state))
     except SpecvizError as e:
         yield _error(str(e))
@@ -225,10 +238,9 @@ def replay(file):
                    render.tokens_html(shown.iterations), *(gr.skip(),) * 11)
             time.sleep(0.05)
     exact = None
-    if vanilla and vanilla.summary and spec.summary:
-        same = vanilla.output_ids == spec.output_ids
-        from specviz.exactness import Comparison as Exactness
-        exact = Exactness(True) if same else None
+    if vanilla and vanilla.summary and spec.summary:  # no model here: compare ids, no logit margin
+        i = first_difference(vanilla.output_ids, spec.output_ids)
+        exact = Exactness(i is None, i)
     yield full_view(spec, vanilla, f"► replayed a saved run ({meta.get('saved', 'undated')}): no model was loaded",
                     exact, export=False)
 
@@ -296,7 +308,7 @@ def build_demo() -> gr.Blocks:
                         inspect_html = gr.HTML(render.inspector_html(None))
                         inspect_fig = gr.Plot(show_label=False)
                     with gr.Tab("Summary"):
-                        summary = gr.Markdown("")
+                        summary = gr.Markdown("", elem_id="sv-summary")
                         download = gr.File(label="This run's events (JSON): download, or load it back under Replay")
         runs = gr.State(None)
 
@@ -330,7 +342,7 @@ def launch_kwargs() -> dict:
 def preload(pair: str = DEFAULT_PAIR) -> None:
     """Load the default pair's weights in the background so the first Run is quick."""
     try:
-        build_pipeline(REGISTRY, pair=pair, device=DEVICE, dtype=DTYPE)
+        build_pipeline(REGISTRY, pair=pair, device=DEVICE, dtype=DTYPE).warm_up(max_gamma=16)
     except SpecvizError as e:
         print(f"[specviz] preload of {pair} failed: {e}")
 
@@ -340,4 +352,9 @@ demo = build_demo()
 if __name__ == "__main__":
     if os.environ.get("SPECVIZ_PRELOAD", "1") == "1":
         threading.Thread(target=preload, daemon=True).start()
-    demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"), **launch_kwargs())
+    demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"), prevent_thread_lock=True,
+                **launch_kwargs())
+    try:
+        RUNNER.serve_forever()  # decode on the main thread, where torch's CPU threads are effective
+    except KeyboardInterrupt:
+        demo.close()

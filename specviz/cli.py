@@ -57,7 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True)
     p.add_argument("--gamma", type=int)
     p.add_argument("--samples", type=int, default=400)
-    p.set_defaults(temperature=1.0)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -86,9 +85,9 @@ def _pipeline(args):
     reg = load_registry(args.models)
     # progress only for a person watching a terminal: errors must stay a single line on stderr
     progress = (lambda m: print(f"[specviz] {m}", file=sys.stderr)) if sys.stderr.isatty() else None
+    gamma = getattr(args, "gamma", None)  # bench takes a list of gammas and applies them itself
     return build_pipeline(reg, pair=args.pair, target=args.target, drafter=args.draft, device=args.device,
-                          dtype=args.dtype, gamma=getattr(args, "gamma", None) if not isinstance(
-                              getattr(args, "gamma", None), list) else None, progress=progress)
+                          dtype=args.dtype, gamma=None if isinstance(gamma, list) else gamma, progress=progress)
 
 
 def cmd_pairs(args) -> int:

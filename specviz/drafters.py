@@ -101,9 +101,6 @@ class ModelDrafter(Drafter):
     def commit(self, ids: list[int]) -> None:
         self._sync(ids)
 
-    def describe(self) -> dict:
-        return {"kind": self.kind, "name": self.name}
-
 
 class EarlyExitDrafter(ModelDrafter):
     """The target's own first L layers + final norm + head: a free draft with a real q."""

@@ -126,7 +126,13 @@ class _Run:
         self.verify_ms = 0.0
         self.by_position: list[list[int]] = []
         self.stop_reason = ""
+        self.prefill_ms = 0.0
+        self.paused = 0.0  # seconds the consumer held the stream between events (not ours to count)
         self.t0 = time.perf_counter()
+
+    def clock_ms(self) -> float:
+        """Time since the run started, less the time its consumer spent between events."""
+        return (time.perf_counter() - self.t0 - self.paused) * 1000.0
 
     @property
     def generated(self) -> int:
@@ -164,9 +170,9 @@ class _Run:
         return out
 
     def summary(self) -> SummaryEvent:
-        wall = (time.perf_counter() - self.t0) * 1000.0
+        wall = self.clock_ms()
         new = self.generated
-        prefill = self._prefill_ms
+        prefill = self.prefill_ms
         it = max(self.iterations, 1)
         return SummaryEvent(
             mode=self.mode, output_ids=self.ids[self.prompt_len:],
@@ -177,7 +183,8 @@ class _Run:
             tokens_per_second=new / (wall / 1000.0) if wall > 0 else 0.0,
             decode_tokens_per_second=new / ((wall - prefill) / 1000.0) if wall > prefill else 0.0,
             wall_ms=wall, prefill_ms=prefill, draft_ms=self.draft_ms, verify_ms=self.verify_ms,
-            stop_reason=self.stop_reason or "stopped", accepted_by_position=self.by_position)
+            stop_reason=self.stop_reason or "stopped", accepted_by_position=self.by_position,
+            consumer_ms=self.paused * 1000.0)
 
 
 def speculative_step(run: _Run, gamma: int) -> IterationEvent:
@@ -233,7 +240,7 @@ def speculative_step(run: _Run, gamma: int) -> IterationEvent:
         emitted=emitted, emitted_text=texts.pieces(context, emitted),
         draft_ms=proposal.draft_ms, verify_ms=tv.ms, tokens_total=run.generated,
         proposed_total=run.proposed, accepted_total=run.accepted,
-        elapsed_ms=(time.perf_counter() - run.t0) * 1000.0)
+        elapsed_ms=run.clock_ms())
 
 
 def vanilla_step(run: _Run) -> IterationEvent:
@@ -256,7 +263,7 @@ def vanilla_step(run: _Run) -> IterationEvent:
         target_top=[_top(raw, texts, context)], emitted=emitted,
         emitted_text=texts.pieces(context, emitted), draft_ms=0.0, verify_ms=tv.ms,
         tokens_total=run.generated, proposed_total=0, accepted_total=0,
-        elapsed_ms=(time.perf_counter() - run.t0) * 1000.0)
+        elapsed_ms=run.clock_ms())
 
 
 def _decode(run: _Run, step) -> Iterator:
@@ -265,10 +272,16 @@ def _decode(run: _Run, step) -> Iterator:
         run.drafter.costs = run.target.verify_costs(run.cfg.gamma + 1, run.ids)
         run.t0 = time.perf_counter()
     start = run.start()
-    run._prefill_ms = start.prefill_ms
-    yield start
-    while not run.stop_reason:
-        yield step(run)
+    run.prefill_ms = start.prefill_ms
+    events = [start]
+    while True:
+        for ev in events:  # time the consumer spends between events is not decoding time
+            held = time.perf_counter()
+            yield ev
+            run.paused += time.perf_counter() - held
+        if run.stop_reason:
+            break
+        events = [step(run)]
     yield run.summary()
 
 

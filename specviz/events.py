@@ -85,12 +85,13 @@ class SummaryEvent:
     tokens_per_iteration: float  # emitted tokens per iteration (vLLM's "mean acceptance length")
     tokens_per_second: float  # new tokens / wall time (prefill included)
     decode_tokens_per_second: float  # new tokens / (wall time - prefill)
-    wall_ms: float
+    wall_ms: float  # the run's own time: excludes consumer_ms
     prefill_ms: float
     draft_ms: float
     verify_ms: float
     stop_reason: str  # "eos" | "max_new_tokens" | "context" | "stopped"
     accepted_by_position: list[list[int]] = field(default_factory=list)  # [[kept, examined], ...]
+    consumer_ms: float = 0.0  # time the consumer (a UI rendering each event) held the stream
     event: str = "summary"
 
 

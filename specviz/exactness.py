@@ -28,7 +28,9 @@ class Comparison:
     def describe(self) -> str:
         if self.identical:
             return "identical to vanilla"
-        kind = "a near tie (numerics)" if self.margin is not None and self.margin < 1e-3 else "NOT a near tie"
+        if self.margin is None:
+            return f"differs from vanilla at new token {self.index}"
+        kind = "a near tie (numerics)" if self.margin < 1e-3 else "NOT a near tie"
         return (f"differs from vanilla at new token {self.index} (top-2 logit margin "
                 f"{self.margin:.2e}: {kind})")
 

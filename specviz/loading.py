@@ -152,6 +152,11 @@ class Pipeline:
                           if self.drafter.kind == "early_exit" else "the prompt and output so far"}
         return d
 
+    def warm_up(self, max_gamma: int | None = None) -> None:
+        """Measure the verify costs a cost-aware drafter needs now, not during the first run."""
+        if getattr(self.drafter, "wants_costs", False):
+            self.target_lm.verify_costs((max_gamma or self.gamma) + 1, self.encode("Warm up, please."))
+
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, chat)
 

@@ -99,13 +99,14 @@ def iteration_html(e: IterationEvent) -> str:
     return f'<span class="sv-it" title="{_attr(title)}">{"".join(parts)}</span>'
 
 
-def tokens_html(iterations: list[IterationEvent], prompt: str | None = None) -> str:
+TOKENS_OPEN = '<div class="sv-tokens">'
+
+
+def tokens_html(iterations: list[IterationEvent], rendered: list[str] | None = None) -> str:
     """The token view. It only grows at the end while a run streams (no closing tag is emitted,
-    the browser closes it), so the page receives appends, not the whole text each time."""
-    head = '<div class="sv-tokens">'
-    if prompt:
-        head += f'<span class="sv-prompt" title="the prompt">{show(prompt)}</span>'
-    return head + "".join(iteration_html(e) for e in iterations)
+    the browser closes it), so the page receives appends, not the whole text each time.
+    ``rendered``: iteration HTML already made (a streaming caller renders each iteration once)."""
+    return TOKENS_OPEN + "".join(rendered if rendered is not None else (iteration_html(e) for e in iterations))
 
 
 def inspector_html(e: IterationEvent | None) -> str:

@@ -1,0 +1,64 @@
+"""MainThreadRunner: items computed on the serving thread reach the consumer in order; errors
+and early stops cross over cleanly; without a server it runs inline."""
+
+import threading
+
+import pytest
+
+from specviz.mainthread import MainThreadRunner
+
+
+def counting(n, log=None, fail_at=None):
+    def gen():
+        try:
+            for i in range(n):
+                if i == fail_at:
+                    raise ValueError("boom")
+                yield (i, threading.get_ident())
+        finally:
+            if log is not None:
+                log.append("closed")
+    return gen
+
+
+@pytest.fixture()
+def served():
+    runner, until = MainThreadRunner(), threading.Event()
+    t = threading.Thread(target=runner.serve_forever, kwargs={"poll_s": 0.05, "until": until})
+    t.start()
+    while not runner.serving:
+        pass
+    yield runner, t.ident
+    until.set()
+    t.join()
+
+
+def test_inline_without_server():
+    items = list(MainThreadRunner().stream(counting(3)))
+    assert [i for i, _ in items] == [0, 1, 2] and {tid for _, tid in items} == {threading.get_ident()}
+
+
+def test_items_computed_on_serving_thread(served):
+    runner, server_tid = served
+    items = list(runner.stream(counting(5)))
+    assert [i for i, _ in items] == list(range(5)) and {tid for _, tid in items} == {server_tid}
+
+
+def test_errors_reach_the_consumer(served):
+    runner, _ = served
+    with pytest.raises(ValueError, match="boom"):
+        list(runner.stream(counting(5, fail_at=2)))
+    assert len(list(runner.stream(counting(2)))) == 2  # and the server keeps serving
+
+
+def test_consumer_stop_closes_the_producer(served):
+    runner, _ = served
+    log = []
+    stream = runner.stream(counting(10_000_000, log))
+    next(stream)
+    stream.close()
+    for _ in range(200):
+        if log:
+            break
+        threading.Event().wait(0.01)
+    assert log == ["closed"]
