@@ -39,7 +39,7 @@ EXAMPLES = yaml.safe_load((ASSETS / "examples.yaml").read_text())
 DEVICE = os.environ.get("SPECVIZ_DEVICE", "auto")
 DTYPE = os.environ.get("SPECVIZ_DTYPE", "auto")
 TOKENS_EVERY_S = 0.2  # send the token view at most this often (several iterations may arrive at once)
-CHARTS_EVERY_S = 1.5  # redraw charts at most this often (figures are resent whole, and slow to build)
+CHARTS_EVERY_S = 2.0  # redraw charts at most this often (figures are resent whole, and slow to draw)
 EXPORT_DIR = Path(tempfile.gettempdir()) / "specviz-runs"
 PAIR_CHOICE = "(the pair's)"
 RUNNER = MainThreadRunner()  # decoding runs on the main thread when app.py is the program (see mainthread.py)
@@ -201,7 +201,9 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                 redraw = now - last_charts >= CHARTS_EVERY_S
                 if redraw:
                     last_charts = now
-                figs = figures(state.spec, None) if redraw else (gr.skip(),) * 5
+                # acceptance charts live; throughput and time split (which need vanilla) at the end
+                figs = ((charts.acceptance_figure(state.spec), charts.accepted_length_figure(state.spec),
+                         charts.position_figure(state.spec), gr.skip(), gr.skip()) if redraw else (gr.skip(),) * 5)
                 yield (status_line(state), render.tokens_html([], rendered), *figs,
                        gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), {"spec": state.spec, "vanilla": None})
             elif state.phase == "vanilla" and now - last_tokens >= 0.5:

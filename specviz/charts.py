@@ -9,15 +9,20 @@ from .events import IterationEvent
 from .trace import Trace
 
 COLORS = {"accepted": "#2e9e5b", "rejected": "#d64545", "resample": "#e08a1e", "bonus": "#3b7dd8",
-          "spec": "#7b4fd1", "vanilla": "#8a8a8a", "theory": "#222222", "draft": "#e0b41e",
+          "spec": "#7b4fd1", "vanilla": "#8a8a8a", "theory": "#c0392b", "draft": "#e0b41e",
           "verify": "#3b7dd8", "prefill": "#9db7e0", "other": "#c9c9c9", "p": "#3b7dd8", "q": "#e08a1e"}
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 260) -> go.Figure:
     fig.update_layout(template="none", title={"text": title, "font": {"size": 14}}, height=height,
                       margin={"l": 78, "r": 12, "t": 36, "b": 64}, xaxis_title=x, yaxis_title=y,
-                      legend={"orientation": "h", "y": -0.32, "x": 0, "yanchor": "top"}, font={"size": 11},
+                      legend={"orientation": "h", "y": -0.32, "x": 0, "yanchor": "top"},
+                      font={"size": 11, "color": "#8c8c8c"},  # mid grey: readable on light and dark pages
                       paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
+    grid = {"gridcolor": "rgba(140,140,140,0.3)", "zerolinecolor": "rgba(140,140,140,0.5)",
+            "linecolor": "rgba(140,140,140,0.6)"}
+    fig.update_xaxes(**grid)
+    fig.update_yaxes(**grid)
     return fig
 
 
