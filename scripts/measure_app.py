@@ -32,6 +32,7 @@ def main() -> int:
     ap.add_argument("--screenshots", help="folder for screenshot-running.png and screenshot-done.png")
     ap.add_argument("--example", type=int, default=1, help="which example prompt (assets/examples.yaml)")
     ap.add_argument("--worker-thread", action="store_true", help="decode in Gradio's worker thread (the slow way)")
+    ap.add_argument("--client", action="store_true", help="drive the app with gradio_client instead of a browser")
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -84,7 +85,27 @@ def main() -> int:
             done.set()
 
 
-    threading.Thread(target=browse).start()
+    def call_api():
+        from gradio_client import Client
+
+        try:
+            client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+            for _ in range(args.runs):
+                t0 = time.perf_counter()
+                job = client.submit(app_module.DEFAULT_PAIR, app_module.PAIR_CHOICE, app_module.PAIR_CHOICE, prompt,
+                                    True, pipe.gamma, 0, 0, 1, 96, 0, True, api_name="/run")
+                while len(job.outputs()) < 2 and not job.done():
+                    time.sleep(0.01)
+                first.append(time.perf_counter() - t0)  # the prefill notice, then the first iteration
+                md = job.result()[7]
+                app_tps.append(float(re.search(r"tokens / s\s+\|\s+([\d.]+)", md).group(1)))
+                drawing.append(float(re.search(r"the ([\d.]+) s this page spent", md).group(1)))
+        except BaseException as e:
+            failure.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=call_api if args.client else browse).start()
     if not args.worker_thread:
         app_module.RUNNER.serve_forever(until=done)  # decode on the main thread, as app.py does
     done.wait()
