@@ -77,7 +77,7 @@ def main() -> int:
                "divergence": "" if cmp.identical else cmp.describe()}
         results.append(row)
         print(json.dumps(row))
-    print(f"\n| drafter | vanilla tok/s | spec tok/s | speedup | accept | tok/iter | draft ms | verify ms | identical |")
+    print("\n| drafter | vanilla tok/s | spec tok/s | speedup | accept | tok/iter | draft ms | verify ms | identical |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator

@@ -6,7 +6,6 @@ fails a given test with probability 0.1% over seeds; the seeds are fixed, so the
 deterministic.  The "power" tests show the same test catches known ways of breaking exactness.
 """
 
-import itertools
 
 import pytest
 import torch
