@@ -354,9 +354,12 @@ demo = build_demo()
 if __name__ == "__main__":
     if os.environ.get("SPECVIZ_PRELOAD", "1") == "1":
         threading.Thread(target=preload, daemon=True).start()
-    demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"), prevent_thread_lock=True,
-                **launch_kwargs())
-    try:
-        RUNNER.serve_forever()  # decode on the main thread, where torch's CPU threads are effective
-    except KeyboardInterrupt:
-        demo.close()
+    server = os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0")
+    if os.environ.get("SPACES_ZERO_GPU"):  # ZeroGPU runs handlers in forked GPU workers: decode there
+        demo.launch(server_name=server, **launch_kwargs())
+    else:
+        demo.launch(server_name=server, prevent_thread_lock=True, **launch_kwargs())
+        try:
+            RUNNER.serve_forever()  # decode on the main thread, where torch's CPU threads are effective
+        except KeyboardInterrupt:
+            demo.close()
