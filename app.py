@@ -117,10 +117,6 @@ def status_line(state: LiveState) -> str:
     return f"■ done: {spec.summary.new_tokens} tokens, stop: {spec.summary.stop_reason}"
 
 
-def figures(spec: Trace, vanilla: Trace | None):
-    return charts.all_figures(spec, vanilla)
-
-
 def inspector(runs: dict | None, index):
     spec = (runs or {}).get("spec")
     if not spec or not spec.iterations:
@@ -141,7 +137,7 @@ def full_view(spec: Trace, vanilla: Trace | None, status: str, exact=None, expor
     n = len(spec.iterations)
     last = n - 1 if n else 0
     html_, fig = inspector({"spec": spec}, last)
-    return (status, render.tokens_html(spec.iterations), *figures(spec, vanilla),
+    return (status, render.tokens_html(spec.iterations), *charts.all_figures(spec, vanilla),
             summary_markdown(spec, vanilla, exact),
             gr.update(maximum=max(1, last), value=last, interactive=n > 1), html_, fig,
             _export(spec, vanilla) if export and spec.summary else None,
@@ -247,11 +243,6 @@ def replay(file):
                     exact, export=False)
 
 
-def on_pair_change(pair):
-    details, gamma = pair_details(pair)
-    return details, gamma
-
-
 # ---- layout --------------------------------------------------------------------------------------
 
 INTRO = """# specviz · speculative decoding, live
@@ -323,7 +314,7 @@ def build_demo() -> gr.Blocks:
         upload.upload(replay, [upload], outputs, api_name="replay", concurrency_limit=4)
         iteration.change(inspector, [runs, iteration], [inspect_html, inspect_fig], api_visibility="private",
                          show_progress="hidden")
-        pair.change(on_pair_change, [pair], [pair_md, gamma], api_visibility="private")
+        pair.change(pair_details, [pair], [pair_md, gamma], api_visibility="private")
         demo.load(lambda: (f"Ready. Models run on **{device_label()}**. Press **Run**."), None, [status],
                   api_visibility="private")
     demo.queue(max_size=32, default_concurrency_limit=1)

@@ -21,7 +21,7 @@ from .errors import SpecvizError
 from .exactness import compare
 from .loading import Pipeline
 from .sampling import SamplingConfig
-from .theory import predicted_speedup_mixed
+from .theory import measured_costs, predicted_speedup_mixed
 from .trace import Trace, median
 
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
@@ -120,14 +120,11 @@ def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_ne
     if greedy:
         cmp = compare(pipe.target_lm, ids, van.output_ids, spec.output_ids)
         identical, divergence = cmp.identical, "" if cmp.identical else cmp.describe()
-    by_g: dict[int, list[float]] = {}
-    for e in spec.iterations:
-        by_g.setdefault(len(e.proposed), []).append(e.verify_ms)
     res = PromptResult(
         row["id"], row["category"], gamma, temperature, spec.tokens, van.summary.wall_ms, spec.summary.wall_ms,
         van.summary.wall_ms - van.summary.prefill_ms, spec.summary.wall_ms - spec.summary.prefill_ms,
         spec.proposed, spec.accepted, len(spec.iterations), identical, divergence,
-        [len(e.proposed) for e in spec.iterations], {g: sum(v) for g, v in by_g.items()},
+        [len(e.proposed) for e in spec.iterations], spec.verify_ms_by_gamma(),
         sum(e.draft_ms for e in spec.iterations), median([e.verify_ms for e in van.iterations]))
     extra = _peer_kwargs(pipe, gamma) if peer else None
     if extra is not None:
@@ -170,9 +167,7 @@ def aggregate(name: str, rs: list[PromptResult]) -> Row:
         gammas += r.gammas
         for g, ms in r.verify_ms_by_gamma.items():
             ms_by_g[int(g)] = ms_by_g.get(int(g), 0.0) + ms
-    counts = {g: gammas.count(g) for g in set(gammas)}
-    v = {g: ms_by_g[g] / counts[g] / step for g in counts}
-    c = (sum(r.draft_ms for r in rs) / prop / step) if prop else 0.0
+    c, v = measured_costs(gammas, ms_by_g, sum(r.draft_ms for r in rs), step)
     predicted = predicted_speedup_mixed(a or 0.0, gammas, c, v) if gammas else 0.0
     spent = sum(sum(r.verify_ms_by_gamma.values()) + r.draft_ms for r in rs) / step
     greedy = [r for r in rs if r.identical is not None]

@@ -31,7 +31,6 @@ class Proposal:
 class Drafter:
     kind = "base"
     name = "drafter"
-    deterministic = False  # True when q is one-hot (a proposal is a lookup, not a sample)
     wants_costs = False  # True: the engine measures verify costs and sets ``costs`` before a run
     costs: list[float] | None = None
 
@@ -128,7 +127,6 @@ class PromptLookupDrafter(Drafter):
     """
 
     kind = "prompt_lookup"
-    deterministic = True
     wants_costs = True
     # priors measured with scripts/lookup_stats.py on prompts the benchmark leaves out
     PRIOR_FIRST = {1: 0.25, 2: 0.5, 3: 0.55, 4: 0.7, 5: 0.8}  # chance the first token of an n-gram match is kept

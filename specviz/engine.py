@@ -298,8 +298,3 @@ def vanilla_decode(target: CachedLM, tokenizer, prompt_ids: list[int], cfg: Deco
     run = _Run("vanilla", target, tokenizer, prompt_ids, cfg, None, info)
     return _decode(run, vanilla_step)
 
-
-def run_to_end(events: Iterator) -> tuple[list, SummaryEvent]:
-    """Drain an event stream; return (all events, the summary)."""
-    out = list(events)
-    return out, out[-1]

@@ -48,6 +48,19 @@ def best_gamma(a: float, c: float, v: float | list[float] = 1.0, max_gamma: int 
     return best
 
 
+def measured_costs(gammas: list[int], verify_ms_by_gamma: dict[int, float], draft_ms: float,
+                   step_ms: float) -> tuple[float, dict[int, float]]:
+    """(c, v) from measured times, in units of one plain 1-token step: v[g] is the mean verify
+    time of the iterations that proposed g tokens (``verify_ms_by_gamma`` holds their total),
+    c the draft time per proposed token."""
+    counts: dict[int, int] = {}
+    for g in gammas:
+        counts[g] = counts.get(g, 0) + 1
+    v = {g: verify_ms_by_gamma[g] / n / step_ms for g, n in counts.items()}
+    proposed = sum(gammas)
+    return (draft_ms / proposed / step_ms if proposed else 0.0), v
+
+
 def predicted_speedup_mixed(a: float, gammas: list[int], c: float, v: dict[int, float]) -> float:
     """Predicted speedup of a run whose iterations proposed ``gammas[i]`` tokens each (0 = a
     plain step), with verify cost v[g] (relative to a 1-token step) for each length used:

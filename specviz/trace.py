@@ -114,6 +114,13 @@ class Trace:
                 out[i][0] += int(i < e.accepted)
         return [tuple(x) for x in out]
 
+    def verify_ms_by_gamma(self) -> dict[int, float]:
+        """Total verify time of the iterations that proposed g tokens, per g."""
+        out: dict[int, float] = {}
+        for e in self.iterations:
+            out[len(e.proposed)] = out.get(len(e.proposed), 0.0) + e.verify_ms
+        return out
+
     def time_split(self) -> dict[str, float]:
         prefill = self.start.prefill_ms if self.start else 0.0
         draft = sum(e.draft_ms for e in self.iterations)
@@ -174,16 +181,11 @@ class Comparison:
 
 
 def compare_runs(spec: Trace, vanilla: Trace) -> Comparison:
-    from .theory import predicted_speedup_mixed
+    from .theory import measured_costs, predicted_speedup_mixed
 
     step = median([e.verify_ms for e in vanilla.iterations]) or 1e-9
     gammas = [len(e.proposed) for e in spec.iterations]
-    by_g: dict[int, list[float]] = {}
-    for e, g in zip(spec.iterations, gammas):
-        by_g.setdefault(g, []).append(e.verify_ms)
-    v = {g: (sum(ms) / len(ms)) / step for g, ms in by_g.items()}
-    proposed = sum(gammas)
-    c = (sum(e.draft_ms for e in spec.iterations) / proposed / step) if proposed else 0.0
+    c, v = measured_costs(gammas, spec.verify_ms_by_gamma(), sum(e.draft_ms for e in spec.iterations), step)
     a = spec.acceptance_rate
     predicted = predicted_speedup_mixed(a or 0.0, gammas, c, v) if gammas else 0.0
 
