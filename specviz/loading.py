@@ -14,6 +14,7 @@ import torch
 from .drafters import Drafter, EarlyExitDrafter, ModelDrafter, PromptLookupDrafter
 from .engine import DecodeConfig, encode_prompt, speculative_decode, vanilla_decode
 from .errors import SpecvizError
+from .kernels import enable_cpu_gqa, pack_linears, packed_count
 from .lm import CachedLM
 from .registry import ModelSpec, PairSpec, Registry, Source
 
@@ -57,7 +58,8 @@ class Loaded:
     def info(self) -> dict:
         n = sum(p.numel() for p in self.model.parameters())
         return {"name": self.name, "source": self.source, "device": str(self.device),
-                "dtype": str(self.dtype).replace("torch.", ""), "parameters": n}
+                "dtype": str(self.dtype).replace("torch.", ""), "parameters": n,
+                "kernels": "mkl-packed" if packed_count(self.model) else "torch"}
 
 
 _CACHE: dict[tuple, Loaded] = {}
@@ -109,6 +111,9 @@ def _load_source(name: str, src: Source, dev: torch.device, dt: torch.dtype, qui
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SpecvizError(f"could not load model {name!r} from {src.describe()}: {first}") from None
     model = model.to(dev).eval()
+    pack_linears(model)
+    if dev.type == "cpu":
+        enable_cpu_gqa()
     return Loaded(name, model, tok, src.describe(), dev, dt)
 
 
