@@ -1,9 +1,13 @@
-"""How often is an n-gram proposal kept?  Greedy runs with fixed-length prompt lookup on prompts
-the benchmark does not use (by default: every category's prompts after the first --skip), printing
-the first-token acceptance per match length n and the continuation acceptance.  These numbers set
-the priors of the adaptive prompt-lookup drafter (specviz/drafters.py).
+"""How often is a lookup proposal kept?  Greedy answers to prompts the benchmark does not use
+(every category's prompts after the first --skip; the benchmark's `--limit 3` uses the first 3),
+then, at every position of every answer, what each source of the lookup drafter would propose and
+how much of it the target's own answer confirms.  Prints, per kind of match, the chance the first
+token is kept (a1) and the chance a further token is kept after a kept one (ac): the priors of the
+adaptive drafter in specviz/drafters.py.
 
-    python scripts/lookup_stats.py --skip 5 --per-category 2 --max-new-tokens 96
+    python scripts/lookup_stats.py --skip 3 --max-new-tokens 128
+
+With the default pair the datastore is searched too (assets/datastore-smollm2-135m.npz).
 """
 
 import argparse
@@ -14,19 +18,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specviz.drafters import PromptLookupDrafter  # noqa: E402
-from specviz.engine import DecodeConfig, speculative_decode  # noqa: E402
+from specviz.engine import DecodeConfig  # noqa: E402
 from specviz.loading import build_pipeline  # noqa: E402
 from specviz.registry import load_registry  # noqa: E402
+
+
+def kept_prefix(proposal: list[int], truth: list[int]) -> int:
+    k = 0
+    for a, b in zip(proposal, truth):
+        if a != b:
+            break
+        k += 1
+    return k
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", default=str(Path(__file__).resolve().parents[2] / "shared/prompts/specbench-dev.jsonl"))
-    ap.add_argument("--skip", type=int, default=5, help="leave the first N prompts of each category out")
-    ap.add_argument("--per-category", type=int, default=2)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--gamma", type=int, default=8)
+    ap.add_argument("--skip", type=int, default=3, help="leave the first N prompts of each category out")
+    ap.add_argument("--per-category", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--gamma", type=int, default=10)
+    ap.add_argument("--pair", default="smollm2-135m-lookup")
     args = ap.parse_args()
     rows, seen = [], defaultdict(int)
     for line in Path(args.prompts).read_text().splitlines():
@@ -34,33 +47,30 @@ def main() -> None:
         seen[r["category"]] += 1
         if args.skip < seen[r["category"]] <= args.skip + args.per_category:
             rows.append(r)
-    pipe = build_pipeline(load_registry(), pair="smollm2-135m-lookup", device="cpu")
-    first = defaultdict(lambda: [0, 0])  # n -> kept, examined
-    cont = [0, 0]
-    by_pos = defaultdict(lambda: [0, 0])
+    pipe = build_pipeline(load_registry(), pair=args.pair, device="cpu")
+    pipe.warm_up()
+    drafter = pipe.drafter
+    cfg = DecodeConfig(gamma=pipe.gamma, max_new_tokens=args.max_new_tokens)
+    stats = defaultdict(lambda: [0, 0, 0, 0])  # kind -> first kept, first seen, cont kept, cont seen
     for r in rows:
-        drafter = PromptLookupDrafter(max_ngram=4, adaptive=False)
         ids = pipe.encode(r["turns"][0])
-        cfg = DecodeConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens)
-        for ev in speculative_decode(pipe.target_lm, drafter, pipe.tokenizer, ids, cfg):
-            if ev.event != "iteration" or not ev.proposed:
-                continue
-            n = int(ev.reason.split("-gram")[0])
-            g, k = len(ev.proposed), ev.accepted
-            first[n][1] += 1
-            first[n][0] += k >= 1
-            if k >= 1:
-                cont[1] += min(k, g - 1)
-                cont[0] += k - 1
-            for i in range(min(k + 1, g)):
-                by_pos[i + 1][1] += 1
-                by_pos[i + 1][0] += i < k
-    print(f"{len(rows)} prompts, gamma {args.gamma}, {args.max_new_tokens} new tokens")
-    for n in sorted(first):
-        k, m = first[n]
-        print(f"first token of a {n}-gram match kept: {k}/{m} = {k / m:.3f}")
-    print(f"a further token kept after a kept one: {cont[0]}/{cont[1]} = {cont[0] / max(1, cont[1]):.3f}")
-    print("by position:", ", ".join(f"{p}: {k}/{m}" for p, (k, m) in sorted(by_pos.items())))
+        out = list(pipe.speculative(ids, cfg))[-1].output_ids
+        for t in range(len(out) - 1):
+            truth = out[t: t + args.gamma]
+            for key, tokens, _ in drafter.candidates(ids + out[:t], args.gamma):
+                k = kept_prefix(tokens, truth)
+                s = stats[key]
+                s[0] += k >= 1
+                s[1] += 1
+                if k >= 1:
+                    s[2] += k - 1
+                    s[3] += min(k, len(tokens) - 1)
+    print(f"{len(rows)} prompts (categories' prompts {args.skip + 1}..{args.skip + args.per_category}), "
+          f"{args.max_new_tokens} new tokens, proposals up to {args.gamma}")
+    print("| match | seen | first kept (a1) | further kept (ac) |\n|---|---|---|---|")
+    for key in sorted(stats, key=str):
+        f, n, c, m = stats[key]
+        print(f"| {' '.join(map(str, key))} | {n} | {f / n:.2f} | {c / max(1, m):.2f} |")
 
 
 if __name__ == "__main__":

@@ -118,40 +118,62 @@ class PromptLookupDrafter(Drafter):
     """Prompt lookup (n-gram) drafting: find the most recent earlier occurrence of the sequence's
     last n tokens (longest n first) and propose what followed it.  q is one-hot.
 
+    With a ``datastore`` (the target's own earlier answers, :mod:`specviz.datastore`) it also looks
+    the suffix up there and proposes whichever of the two sources promises more.
+
     Adaptive (cost-aware): the proposal length g maximises the expected tokens per unit of time,
     E(g) / v(g), where E(g) = 1 + a1 (1 - ac^g) / (1 - ac) with a1 the estimated chance that the
-    first token of an n-gram match is kept (learned per n during the run, from a prior) and ac the
-    chance each further token is kept given the previous one was, and v(g) the measured cost of
-    verifying g proposals relative to a plain step.  When no g beats a plain step (E/v <= 1), or
-    there is no match, nothing is proposed: that iteration costs what vanilla decoding costs.
+    first token of the match is kept (learned during the run per source and n-gram length, and for
+    the datastore per agreement band, from a prior) and ac the chance each further token is kept
+    given the previous one was, and v(g) the measured cost of verifying g proposals relative to a
+    plain step.  When no g beats a plain step (E/v <= 1), or there is no match, nothing is
+    proposed: that iteration costs what vanilla decoding costs.
     """
 
     kind = "prompt_lookup"
     wants_costs = True
-    # priors measured with scripts/lookup_stats.py on prompts the benchmark leaves out
-    PRIOR_FIRST = {1: 0.25, 2: 0.5, 3: 0.55, 4: 0.7, 5: 0.8}  # chance the first token of an n-gram match is kept
-    PRIOR_CONT = 0.75  # chance a further token is kept after a kept one
+    # Priors (first token kept, each further token kept after a kept one), measured with
+    # scripts/lookup_stats.py on greedy answers to prompts the benchmark leaves out.
+    # Context matches, by matched length (the n-gram plus how far the match extends back):
+    PRIOR_CONTEXT = {1: (0.26, 0.70), 2: (0.50, 0.75), 3: (0.65, 0.78), 4: (0.75, 0.80),
+                     6: (0.80, 0.84), 10: (0.90, 0.92)}
+    # datastore matches, by n and by how many stored answers agree on the first token
+    PRIOR_STORE = {(1, "lo"): (0.05, 0.5), (1, "mid"): (0.15, 0.5), (1, "hi"): (0.3, 0.55),
+                   (2, "lo"): (0.1, 0.5), (2, "mid"): (0.25, 0.55), (2, "hi"): (0.45, 0.6),
+                   (3, "lo"): (0.15, 0.5), (3, "mid"): (0.35, 0.6), (3, "hi"): (0.55, 0.65),
+                   (4, "lo"): (0.2, 0.5), (4, "mid"): (0.4, 0.6), (4, "hi"): (0.6, 0.7)}
     PRIOR_WEIGHT = 3.0
+    MAX_MATCH = 16
 
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, adaptive: bool = True, vote: bool = True):
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, adaptive: bool = True, vote: bool = True,
+                 datastore=None):
         if not 1 <= min_ngram <= max_ngram:
             raise SpecvizError(f"prompt lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.adaptive, self.vote = adaptive, vote
-        self.name = f"prompt lookup (n={min_ngram}..{max_ngram}{', adaptive' if adaptive else ''})"
+        self.datastore = datastore
+        store = f", datastore of {len(datastore):,} tokens" if datastore is not None else ""
+        self.name = f"prompt lookup (n={min_ngram}..{max_ngram}{', adaptive' if adaptive else ''}{store})"
         self.costs: list[float] | None = None  # v[g], set by the engine from a measurement
         self.reset([])
 
     def reset(self, prompt_ids: list[int]) -> None:
-        self._first: dict[int, list[float]] = {}  # n -> [kept, examined] for first tokens
-        self._cont = [0.0, 0.0]  # [kept, examined] for tokens after a kept one
-        self._last_n = 0
+        self._first: dict[tuple, list[float]] = {}  # match kind -> [kept, examined] of first tokens
+        self._cont: dict[tuple, list[float]] = {}  # the same for tokens after a kept one
+        self._last: tuple | None = None
 
     def find(self, ids: list[int], max_tokens: int) -> tuple[list[int], int]:
-        """The continuation of a match of the longest suffix n-gram that has one, and n.
+        """The continuation of a match of the longest suffix n-gram that has one, and n."""
+        tokens, n, _ = self.match(ids, max_tokens)
+        return tokens, n
 
-        Among several earlier occurrences, the continuation whose first token follows the n-gram
-        most often wins (ties: the most recent), so a common phrase beats a one-off."""
+    def match(self, ids: list[int], max_tokens: int) -> tuple[list[int], int, int]:
+        """(continuation, n, matched length): the longest suffix n-gram (n <= max_ngram) that
+        occurred before, and what followed it.
+
+        Among several earlier occurrences, those followed by the most common next token win (a
+        common phrase beats a one-off), then the one whose preceding tokens match the suffix for
+        longest (matched length, up to ``MAX_MATCH``), then the most recent."""
         arr = np.asarray(ids, dtype=np.int64)
         L = len(arr)
         for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
@@ -165,20 +187,41 @@ class PromptLookupDrafter(Drafter):
                     values, counts = np.unique(nxt, return_counts=True)
                     top = values[counts == counts.max()]
                     hits = hits[np.isin(nxt, top)]
-                start = int(hits[-1]) + n
-                return arr[start: start + max_tokens].tolist(), n
-        return [], 0
+                best, best_len = int(hits[-1]), -1
+                for h in hits[::-1][:64].tolist():  # most recent first
+                    m = n
+                    while m < self.MAX_MATCH and h - (m - n) - 1 >= 0 and arr[h - (m - n) - 1] == arr[L - m - 1]:
+                        m += 1
+                    if m > best_len:
+                        best, best_len = h, m
+                start = best + n
+                return arr[start: start + max_tokens].tolist(), n, best_len
+        return [], 0, 0
 
-    def estimates(self, n: int) -> tuple[float, float]:
-        """(a1, ac): posterior means of the first-token and continuation acceptance."""
-        prior = self.PRIOR_FIRST.get(n, max(self.PRIOR_FIRST.values()))
-        kept, seen = self._first.get(n, [0.0, 0.0])
+    @staticmethod
+    def band(share: float) -> str:
+        return "hi" if share >= 0.8 else "mid" if share >= 0.5 else "lo"
+
+    @classmethod
+    def length_band(cls, length: int) -> int:
+        return max(b for b in cls.PRIOR_CONTEXT if b <= max(1, length))
+
+    def estimates(self, key: tuple) -> tuple[float, float]:
+        """(a1, ac): posterior means of the first-token and continuation acceptance for a match
+        of kind ``key``: ("context", length band) or ("store", n, agreement band)."""
+        if key[0] == "store":
+            prior, prior_cont = self.PRIOR_STORE[(min(key[1], 4), key[2])]
+        else:
+            prior, prior_cont = self.PRIOR_CONTEXT[key[1]]
+        kept, seen = self._first.get(key, [0.0, 0.0])
         a1 = (kept + prior * self.PRIOR_WEIGHT) / (seen + self.PRIOR_WEIGHT)
-        ac = (self._cont[0] + self.PRIOR_CONT * self.PRIOR_WEIGHT) / (self._cont[1] + self.PRIOR_WEIGHT)
+        ck, cs = self._cont.get(key, [0.0, 0.0])
+        ac = (ck + prior_cont * self.PRIOR_WEIGHT) / (cs + self.PRIOR_WEIGHT)
         return a1, ac
 
-    def choose_length(self, n: int, available: int) -> tuple[int, str]:
-        a1, ac = self.estimates(n)
+    def value(self, key: tuple, available: int) -> tuple[int, float, float, float, float]:
+        """(g, E(g)/v(g), E(g), a1, ac) for the best length g (g = 0: nothing pays)."""
+        a1, ac = self.estimates(key)
         costs = self.costs
         best_g, best_val, best_e = 0, 1.0, 1.0
         for g in range(1, available + 1):
@@ -186,34 +229,58 @@ class PromptLookupDrafter(Drafter):
             v = costs[g] if costs and g < len(costs) else (costs[-1] if costs else 1.0)
             if e / v > best_val:
                 best_g, best_val, best_e = g, e / v, e
-        why = f"{n}-gram match, est. keep first {a1:.2f}, then {ac:.2f}"
-        if best_g == 0:
-            return 0, why + ": no length pays off, plain step"
-        return best_g, why + f": proposing {best_g} (expects {best_e:.2f} tokens for {best_e / best_val:.2f}x a step)"
+        return best_g, best_val, best_e, a1, ac
+
+    def candidates(self, ids: list[int], max_tokens: int) -> list[tuple[tuple, list[int], str]]:
+        """(key, tokens, description) of each source's match."""
+        out = []
+        tokens, n, length = self.match(ids, max_tokens)
+        if tokens:
+            more = f", matching {length} tokens back" if length > n else ""
+            out.append((("context", self.length_band(length)), tokens, f"{n}-gram match{more}"))
+        if self.datastore is not None:
+            m = self.datastore.find(ids, max_tokens, self.max_ngram)
+            if m is not None and m.tokens:
+                out.append((("store", m.n, self.band(m.share)), m.tokens,
+                            f"datastore {m.n}-gram match ({m.share:.0%} of {m.support} agree)"))
+        return out
 
     def propose(self, ids, max_tokens, sampling, generator) -> Proposal:
         with Timer(torch.device("cpu")) as t:
-            tokens, n = self.find(ids, max_tokens) if max_tokens > 0 else ([], 0)
-            if not tokens:
+            found = self.candidates(ids, max_tokens) if max_tokens > 0 else []
+            tokens: list[int] = []
+            self._last = None
+            if not found:
                 reason = "no n-gram match: plain step" if max_tokens > 0 else "no room left"
-            elif self.adaptive:
-                g, reason = self.choose_length(n, len(tokens))
-                tokens = tokens[:g]
+            elif not self.adaptive:
+                key, tokens, what = found[0]
+                self._last = key
+                reason = f"{what}, proposing {len(tokens)}"
             else:
-                reason = f"{n}-gram match, proposing {len(tokens)}"
-        self._last_n = n if tokens else 0
+                scored = [(self.value(key, len(toks)), key, toks, what) for key, toks, what in found]
+                (g, val, e, a1, ac), key, toks, what = max(scored, key=lambda s: s[0][1])
+                why = f"{what}, est. keep first {a1:.2f}, then {ac:.2f}"
+                if g == 0:
+                    reason = why + ": no length pays off, plain step"
+                else:
+                    tokens, self._last = toks[:g], key
+                    reason = why + f": proposing {g} (expects {e:.2f} tokens for {e / val:.2f}x a step)"
         return Proposal(tokens, None, [1.0] * len(tokens), reason, t.ms)
 
     def observe(self, proposed: int, accepted: int) -> None:
-        if not proposed or not self._last_n:
+        if not proposed or self._last is None:
             return
-        first = self._first.setdefault(self._last_n, [0.0, 0.0])
+        first = self._first.setdefault(self._last, [0.0, 0.0])
         first[1] += 1
         first[0] += accepted >= 1
         if accepted >= 1:
-            self._cont[1] += min(accepted, proposed - 1)
-            self._cont[0] += accepted - 1
+            cont = self._cont.setdefault(self._last, [0.0, 0.0])
+            cont[1] += min(accepted, proposed - 1)
+            cont[0] += accepted - 1
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "max_ngram": self.max_ngram,
-                "min_ngram": self.min_ngram, "adaptive": self.adaptive}
+        d = {"kind": self.kind, "name": self.name, "max_ngram": self.max_ngram,
+             "min_ngram": self.min_ngram, "adaptive": self.adaptive}
+        if self.datastore is not None:
+            d["datastore_tokens"] = len(self.datastore)
+        return d

@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from .datastore import load_datastore
 from .drafters import Drafter, EarlyExitDrafter, ModelDrafter, PromptLookupDrafter
 from .engine import DecodeConfig, encode_prompt, speculative_decode, vanilla_decode
 from .errors import SpecvizError
@@ -177,8 +178,15 @@ def make_drafter(drafter: dict, target: Loaded, draft: Loaded | None) -> Drafter
     kind = drafter.get("kind")
     vocab = len(target.tokenizer)
     if kind == "prompt_lookup":
+        store = None
+        if drafter.get("datastore"):
+            store = load_datastore(drafter["datastore"])
+            made_for = store.meta.get("vocab_size")
+            if made_for is not None and made_for != vocab:
+                raise SpecvizError(f"datastore {drafter['datastore']} was built for a vocabulary of "
+                                   f"{made_for} tokens; {target.name} has {vocab}")
         return PromptLookupDrafter(int(drafter.get("max_ngram", 4)), int(drafter.get("min_ngram", 1)),
-                                   bool(drafter.get("adaptive", True)))
+                                   bool(drafter.get("adaptive", True)), datastore=store)
     if kind == "early_exit":
         return EarlyExitDrafter(target.model, int(drafter.get("layers", 8)), vocab)
     if kind == "model":

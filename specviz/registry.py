@@ -160,6 +160,11 @@ def parse(data: dict, base: Path = DEFAULT_REGISTRY.parent) -> Registry:
             raise SpecvizError(f"{where}: unknown draft model {drafter.get('model')!r}")
         if kind == "early_exit" and not (isinstance(drafter.get("layers"), int) and drafter["layers"] >= 1):
             raise SpecvizError(f"{where}: early_exit needs `layers`, a whole number >= 1")
+        if "datastore" in drafter:
+            if kind != "prompt_lookup":
+                raise SpecvizError(f"{where}: only a prompt_lookup drafter can use a datastore")
+            path = Path(os.path.expanduser(str(drafter["datastore"])))
+            drafter["datastore"] = str(path if path.is_absolute() else base / path)
         gamma = raw.get("gamma", 4)
         if not isinstance(gamma, int) or gamma < 1:
             raise SpecvizError(f"{where}: gamma must be a whole number >= 1, got {gamma!r}")

@@ -89,7 +89,7 @@ def test_lookup_learns_from_rejections():
     assert d.propose(ids, 4, None, None).tokens  # the prior says a 1-gram might pay
     for _ in range(20):
         d.observe(1, 0)  # ... but every proposal is refused
-    assert d.estimates(1)[0] < 0.1
+    assert d.estimates(("context", 1))[0] < 0.1
     assert d.propose(ids, 4, None, None).tokens == []
 
 

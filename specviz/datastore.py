@@ -1,0 +1,123 @@
+"""A retrieval datastore for drafting: token sequences the target wrote before, indexed by n-gram.
+
+Given the last n tokens of the running sequence, ``Datastore.find`` returns the continuation most
+often seen after them (following the majority token by token) with how strongly the stored
+answers agree on its first token. Exact n-gram keys: token ids are packed into one uint64 (16 bits
+each for vocabularies under 65,536, so up to 4 tokens), sorted once, searched with binary search.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import SpecvizError
+
+SEP = -1  # between stored sequences: no n-gram or continuation crosses it
+
+
+@dataclass
+class Match:
+    tokens: list[int]  # the proposed continuation
+    n: int  # length of the matched suffix
+    support: int  # stored occurrences of that suffix with a continuation
+    share: float  # fraction of them continuing with tokens[0]
+
+
+class Datastore:
+    def __init__(self, tokens: np.ndarray, max_ngram: int = 4, meta: dict | None = None):
+        self.tokens = np.asarray(tokens, dtype=np.int64)
+        self.meta = meta or {}
+        vocab = int(self.tokens.max()) + 1 if self.tokens.size else 1
+        self.bits = max(1, int(vocab).bit_length())
+        self.max_ngram = max(1, min(max_ngram, 64 // self.bits))
+        self._keys: dict[int, np.ndarray] = {}
+        self._starts: dict[int, np.ndarray] = {}
+        L = len(self.tokens)
+        for n in range(1, self.max_ngram + 1):
+            if L <= n:
+                break
+            win = np.lib.stride_tricks.sliding_window_view(self.tokens[:-1], n)  # a continuation follows
+            ok = (win != SEP).all(axis=1) & (self.tokens[n:] != SEP)
+            keys = self._pack(win[ok])
+            order = np.argsort(keys, kind="stable")
+            self._keys[n] = keys[order]
+            self._starts[n] = (np.flatnonzero(ok) + n)[order]  # index of the continuation's first token
+
+    def __len__(self) -> int:
+        return int((self.tokens != SEP).sum())
+
+    def _pack(self, grams: np.ndarray) -> np.ndarray:
+        key = np.zeros(grams.shape[0], dtype=np.uint64)
+        for j in range(grams.shape[1]):
+            key = (key << np.uint64(self.bits)) | grams[:, j].astype(np.uint64)
+        return key
+
+    def find(self, ids: list[int], max_tokens: int, max_ngram: int | None = None) -> Match | None:
+        """The majority continuation after the longest stored suffix of ``ids`` (None: no match)."""
+        if max_tokens <= 0 or not ids:
+            return None
+        top = min(max_ngram or self.max_ngram, self.max_ngram, len(ids))
+        for n in range(top, 0, -1):
+            if n not in self._keys:
+                continue
+            tail = np.asarray(ids[-n:], dtype=np.int64)
+            if (tail >= 1 << self.bits).any() or (tail < 0).any():
+                continue
+            key = self._pack(tail[None, :])[0]
+            lo, hi = np.searchsorted(self._keys[n], np.array([key, key + np.uint64(1)], dtype=np.uint64))
+            if hi > lo:
+                return self._follow(self._starts[n][lo:hi], n, max_tokens)
+        return None
+
+    def _follow(self, starts: np.ndarray, n: int, max_tokens: int) -> Match:
+        out: list[int] = []
+        support, share = len(starts), 0.0
+        pos = starts
+        L = len(self.tokens)
+        while len(out) < max_tokens and pos.size:
+            pos = pos[pos < L]
+            nxt = self.tokens[pos] if pos.size else np.array([], dtype=np.int64)
+            keep = nxt != SEP
+            pos, nxt = pos[keep], nxt[keep]
+            if not pos.size:
+                break
+            values, counts = np.unique(nxt, return_counts=True)
+            best = int(np.argmax(counts))
+            if not out:
+                share = float(counts[best]) / support
+            elif counts[best] * 2 < pos.size:  # no majority further on: stop here
+                break
+            out.append(int(values[best]))
+            pos = pos[nxt == values[best]] + 1
+        return Match(out, n, support, share)
+
+
+def save_datastore(path: str | Path, sequences: list[list[int]], **meta) -> None:
+    flat: list[int] = []
+    for seq in sequences:
+        flat.extend(int(t) for t in seq)
+        flat.append(SEP)
+    arr = np.asarray(flat, dtype=np.int32)
+    np.savez_compressed(path, tokens=arr, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+
+
+_LOADED: dict[str, Datastore] = {}
+
+
+def load_datastore(path: str | Path, max_ngram: int = 4) -> Datastore:
+    key = f"{Path(path).resolve()}:{max_ngram}"
+    if key in _LOADED:
+        return _LOADED[key]
+    try:
+        with np.load(path) as data:
+            tokens = data["tokens"].astype(np.int64)
+            meta = json.loads(bytes(data["meta"]).decode()) if "meta" in data else {}
+    except (OSError, ValueError, KeyError) as e:
+        raise SpecvizError(f"could not read datastore {path}: {e}") from None
+    store = Datastore(tokens, max_ngram, meta)
+    _LOADED[key] = store
+    return store
