@@ -135,13 +135,13 @@ class PromptLookupDrafter(Drafter):
     # Priors (first token kept, each further token kept after a kept one), measured with
     # scripts/lookup_stats.py on greedy answers to prompts the benchmark leaves out.
     # Context matches, by matched length (the n-gram plus how far the match extends back):
-    PRIOR_CONTEXT = {1: (0.26, 0.70), 2: (0.50, 0.75), 3: (0.65, 0.78), 4: (0.75, 0.80),
-                     6: (0.80, 0.84), 10: (0.90, 0.92)}
+    PRIOR_CONTEXT = {1: (0.25, 0.68), 2: (0.50, 0.74), 3: (0.64, 0.78), 4: (0.76, 0.79),
+                     6: (0.78, 0.86), 10: (0.94, 0.94)}
     # datastore matches, by n and by how many stored answers agree on the first token
-    PRIOR_STORE = {(1, "lo"): (0.05, 0.5), (1, "mid"): (0.15, 0.5), (1, "hi"): (0.3, 0.55),
-                   (2, "lo"): (0.1, 0.5), (2, "mid"): (0.25, 0.55), (2, "hi"): (0.45, 0.6),
-                   (3, "lo"): (0.15, 0.5), (3, "mid"): (0.35, 0.6), (3, "hi"): (0.55, 0.65),
-                   (4, "lo"): (0.2, 0.5), (4, "mid"): (0.4, 0.6), (4, "hi"): (0.6, 0.7)}
+    PRIOR_STORE = {(1, "lo"): (0.13, 0.45), (1, "mid"): (0.14, 0.4), (1, "hi"): (0.14, 0.4),
+                   (2, "lo"): (0.14, 0.45), (2, "mid"): (0.26, 0.45), (2, "hi"): (0.38, 0.45),
+                   (3, "lo"): (0.15, 0.35), (3, "mid"): (0.22, 0.35), (3, "hi"): (0.38, 0.4),
+                   (4, "lo"): (0.17, 0.45), (4, "mid"): (0.26, 0.45), (4, "hi"): (0.47, 0.6)}
     PRIOR_WEIGHT = 3.0
     MAX_MATCH = 16
 

@@ -236,7 +236,8 @@ def speculative_step(run: _Run, gamma: int) -> IterationEvent:
         accept_prob=verdict.accept_probs, draws=verdict.draws, accepted=k,
         correction=Correction(nxt, texts.piece(ctx_k, nxt), verdict.kind if g else "sample",
                               float(verdict.p_next[nxt]), _top(verdict.p_next, texts, ctx_k)),
-        target_top=[_top(raw[i], texts, context + tokens[:i]) for i in range(g + 1)],
+        # only the positions the rule examined: the rest were conditioned on a refused token
+        target_top=[_top(raw[i], texts, context + tokens[:i]) for i in range(k + 1)],
         emitted=emitted, emitted_text=texts.pieces(context, emitted),
         draft_ms=proposal.draft_ms, verify_ms=tv.ms, tokens_total=run.generated,
         proposed_total=run.proposed, accepted_total=run.accepted,

@@ -55,7 +55,7 @@ class IterationEvent:
     draws: list[float | None]  # the uniform draw of each examined proposal
     accepted: int
     correction: Correction
-    target_top: list[list[list]]  # per verified position: top target tokens [id, text, p_raw]
+    target_top: list[list[list]]  # per examined position (accepted + 1): top target tokens [id, text, p_raw]
     emitted: list[int]
     emitted_text: list[str]
     draft_ms: float

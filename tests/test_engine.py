@@ -124,7 +124,7 @@ def check_invariants(events, max_new_tokens):
         full = e.proposed[: e.accepted] + [e.correction.token]
         assert e.emitted == full[: len(e.emitted)] and len(e.emitted) >= 1
         assert len(e.emitted_text) == len(e.emitted)
-        assert len(e.target_top) == g + 1
+        assert len(e.target_top) == e.accepted + 1  # the positions the rule examined
         emitted += e.emitted
         proposed += g
         accepted += e.accepted
