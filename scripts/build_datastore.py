@@ -128,14 +128,14 @@ def main() -> None:
     ap.add_argument("--out", default="assets/datastore-smollm2-135m.npz")
     ap.add_argument("--pair", default="smollm2-135m-lookup")
     args = ap.parse_args()
-    pipe = build_pipeline(load_registry(), pair=args.pair, device="cpu")
+    # plain lookup: the pair's own drafter reads the very file being built (and need not exist yet)
+    pipe = build_pipeline(load_registry(), pair=args.pair, drafter="lookup", device="cpu")
     pipe.warm_up()
     cfg = DecodeConfig(gamma=pipe.gamma, max_new_tokens=args.max_new_tokens)
     seqs, t0 = [], time.time()
     prompts = make_prompts(args.prompts, args.seed)
     for i, prompt in enumerate(prompts):
         ids = pipe.encode(prompt)
-        # no datastore while building it: the answers must be the plain greedy ones either way
         out = list(pipe.speculative(ids, cfg))[-1].output_ids
         seqs.append(ids[-8:] + out)  # the end of the chat template leads into the answer
         if (i + 1) % 20 == 0:

@@ -19,6 +19,7 @@ import torch
 from .engine import DecodeConfig
 from .errors import SpecvizError
 from .exactness import compare
+from .lm import Timer
 from .loading import Pipeline
 from .sampling import SamplingConfig
 from .theory import measured_costs, predicted_speedup_mixed
@@ -102,8 +103,6 @@ def _hf_generate(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, extra: dict)
     else:
         kw.update(temperature=None, top_k=None, top_p=None)
     kw.update(extra)
-    from .lm import Timer
-
     with torch.inference_mode(), Timer(pipe.target.device) as t:
         out = model.generate(x, attention_mask=torch.ones_like(x), **kw)
     return t.ms, out[0, len(ids):].tolist()

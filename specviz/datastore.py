@@ -30,8 +30,10 @@ class Match:
 class Datastore:
     def __init__(self, tokens: np.ndarray, max_ngram: int = 4, meta: dict | None = None):
         self.tokens = np.asarray(tokens, dtype=np.int64)
+        if not self.tokens.size or self.tokens[-1] != SEP:  # every continuation ends at a separator
+            self.tokens = np.append(self.tokens, SEP)
         self.meta = meta or {}
-        vocab = int(self.tokens.max()) + 1 if self.tokens.size else 1
+        vocab = int(self.tokens.max()) + 1
         self.bits = max(1, int(vocab).bit_length())
         self.max_ngram = max(1, min(max_ngram, 64 // self.bits))
         self._keys: dict[int, np.ndarray] = {}
@@ -77,10 +79,8 @@ class Datastore:
         out: list[int] = []
         support, share = len(starts), 0.0
         pos = starts
-        L = len(self.tokens)
-        while len(out) < max_tokens and pos.size:
-            pos = pos[pos < L]
-            nxt = self.tokens[pos] if pos.size else np.array([], dtype=np.int64)
+        while len(out) < max_tokens:
+            nxt = self.tokens[pos]
             keep = nxt != SEP
             pos, nxt = pos[keep], nxt[keep]
             if not pos.size:

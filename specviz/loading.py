@@ -15,7 +15,7 @@ from .datastore import load_datastore
 from .drafters import Drafter, EarlyExitDrafter, ModelDrafter, PromptLookupDrafter
 from .engine import DecodeConfig, encode_prompt, speculative_decode, vanilla_decode
 from .errors import SpecvizError
-from .kernels import enable_cpu_gqa, pack_linears, packed_count
+from .kernels import enable_cpu_gqa, pack_linears
 from .lm import CachedLM
 from .registry import ModelSpec, PairSpec, Registry, Source
 
@@ -55,12 +55,13 @@ class Loaded:
     source: str
     device: torch.device
     dtype: torch.dtype
+    kernels: str = "torch"  # "mkl-packed" when specviz.kernels packed the CPU linears at load
 
     def info(self) -> dict:
         n = sum(p.numel() for p in self.model.parameters())
         return {"name": self.name, "source": self.source, "device": str(self.device),
                 "dtype": str(self.dtype).replace("torch.", ""), "parameters": n,
-                "kernels": "mkl-packed" if packed_count(self.model) else "torch"}
+                "kernels": self.kernels}
 
 
 _CACHE: dict[tuple, Loaded] = {}
@@ -112,10 +113,10 @@ def _load_source(name: str, src: Source, dev: torch.device, dt: torch.dtype, qui
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SpecvizError(f"could not load model {name!r} from {src.describe()}: {first}") from None
     model = model.to(dev).eval()
-    pack_linears(model)
+    packed = pack_linears(model)
     if dev.type == "cpu":
         enable_cpu_gqa()
-    return Loaded(name, model, tok, src.describe(), dev, dt)
+    return Loaded(name, model, tok, src.describe(), dev, dt, "mkl-packed" if packed else "torch")
 
 
 def check_tokenizers(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
