@@ -1,27 +1,27 @@
-"""specviz: watch speculative decoding happen.  A thin Gradio layer over the specviz package:
-layout and wiring here, every computation in specviz/ (which never imports gradio)."""
+"""specviz: watch speculative decoding happen. Layout and wiring only: every computation is in
+specviz/ (which never imports gradio); a handler turns specviz's frames into component updates."""
 
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
-import time
 from pathlib import Path
 
 import gradio as gr
 import yaml
 
-from specviz import charts, render
+from specviz import drafters
+from specviz.backends.transformers import is_loaded, pick_device, pick_dtype
+from specviz.costs import REFERENCE
 from specviz.engine import DecodeConfig
 from specviz.errors import SpecvizError
-from specviz.exactness import Comparison as Exactness, first_difference
-from specviz.live import LiveState, live_run
+from specviz.exports import Exports
 from specviz.mainthread import MainThreadRunner
-from specviz.loading import build_pipeline, is_loaded
+from specviz.pipeline import build_pipeline, resolve_pair
 from specviz.registry import load_registry
-from specviz.sampling import SamplingConfig
-from specviz.trace import Trace, compare_runs, load_runs, save_runs
+from specviz.view import charts, tokens
+from specviz.view.frames import Frame, FrameMaker, inspector_frame, live_run
+from specviz.view.text import md
 
 try:  # ZeroGPU on Hugging Face Spaces; a no-op everywhere else
     import spaces
@@ -31,238 +31,143 @@ except ImportError:  # pragma: no cover - depends on the host
     def gpu(fn):
         return fn
 
-ROOT = Path(__file__).resolve().parent
-ASSETS = ROOT / "assets"
+ASSETS = Path(__file__).resolve().parent / "assets"
 REGISTRY = load_registry()
-DEFAULT_PAIR = REGISTRY.default()
 EXAMPLES = yaml.safe_load((ASSETS / "examples.yaml").read_text())
-DEVICE = os.environ.get("SPECVIZ_DEVICE", "auto")
-DTYPE = os.environ.get("SPECVIZ_DTYPE", "auto")
-TOKENS_EVERY_S = 0.2  # send the token view at most this often (several iterations may arrive at once)
-CHARTS_EVERY_S = 2.0  # redraw charts at most this often (figures are resent whole, and slow to draw)
-EXPORT_DIR = Path(tempfile.gettempdir()) / "specviz-runs"
+DEVICE, DTYPE = os.environ.get("SPECVIZ_DEVICE", "auto"), os.environ.get("SPECVIZ_DTYPE", "auto")
 PAIR_CHOICE = "(the pair's)"
-RUNNER = MainThreadRunner()  # decoding runs on the main thread when app.py is the program (see mainthread.py)
-OUTPUT_NAMES = ("status", "tokens", "fig_accept", "fig_length", "fig_position", "fig_throughput",
-                "fig_split", "summary", "iteration", "inspect_html", "inspect_fig", "download", "runs")
-
-
-def pair_choices() -> list[tuple[str, str]]:
-    return [(f"{p.name}{'' if off else '  (needs the Hub)'}", p.name) for p, off in REGISTRY.ordered_pairs()]
-
-
-def drafter_choices() -> list[str]:
-    return [PAIR_CHOICE, "lookup", "early-exit:4", "early-exit:8", "early-exit:12"] + list(REGISTRY.models)
+RUNNER = MainThreadRunner()  # the one decode queue; runs on the main thread when app.py is the program
+EXPORTS = Exports()
+LIVE: dict[str, FrameMaker] = {}  # session -> the frames of its current run (for Stop)
 
 
 def pair_details(pair: str) -> tuple[str, int]:
     p = REGISTRY.pair(pair)
-    drafter = p.draft_model or p.drafter["kind"].replace("_", " ")
-    return f"**{p.name}**: {p.description} (target `{p.target}`, drafter {drafter})", p.gamma
+    return (f"**{md(p.name)}**: {md(p.description, 300)} (target `{md(p.target)}`, drafter "
+            f"{md(p.draft_model or p.drafter['kind'].replace('_', ' '))})", p.gamma)
 
 
-# ---- rendering a state into the page ---------------------------------------------------------
-
-def _fmt_rate(x):
-    return "n/a" if x is None else f"{x:.1%}"
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "local"
 
 
-def summary_markdown(spec: Trace, vanilla: Trace | None, exact=None) -> str:
-    if spec.start is None:
-        return ""
-    s = spec.start
-    tgt, drf = s.target or {}, s.draft or {}
-    lines = [f"**Target** `{tgt.get('name', '?')}` on **{tgt.get('device', '?')}** ({tgt.get('dtype', '?')}) · "
-             f"**drafter** {s.drafter.get('name')}"
-             + (f" on {drf.get('device')} ({drf.get('dtype')})" if drf.get("device") else ""),
-             "",
-             "| measure | speculative | vanilla |", "|:---|---:|---:|"]
-    van = vanilla if vanilla is not None and vanilla.iterations else None
-    lines.append(f"| tokens | {spec.tokens} | {van.tokens if van else '-'} |")
-    lines.append(f"| target passes (iterations) | {len(spec.iterations)} | {len(van.iterations) if van else '-'} |")
-    lines.append(f"| tokens / s | {spec.tokens_per_second:.1f} | {van.tokens_per_second:.1f} |" if van else
-                 f"| tokens / s | {spec.tokens_per_second:.1f} | - |")
-    lines.append(f"| acceptance rate | {_fmt_rate(spec.acceptance_rate)} | |")
-    lines.append(f"| tokens per iteration | {spec.tokens / max(1, len(spec.iterations)):.2f} | 1 |")
-    if van and van.summary and spec.summary:
-        cmp = compare_runs(spec, van)
-        lines.append(f"| **speedup** (measured, prefill included) | **{cmp.speedup:.2f}x** | 1x |")
-        lines.append(f"| decode speedup: measured / theory from a, c, v | {cmp.decode_speedup:.2f}x / "
-                     f"{cmp.predicted:.2f}x | |")
-        lines.append(f"| draft cost c, verify cost v (vs one vanilla step) | c = {cmp.c:.3f}, v = "
-                     + ", ".join(f"{v:.2f} @ {g}" for g, v in sorted(cmp.v.items())) + " | |")
-    if spec.summary is not None:
-        lines += ["", f"Timings are the decoders' own: the {spec.summary.consumer_ms / 1000:.2f} s this page spent "
-                      "drawing the speculative run between iterations is left out, as vanilla's is."]
-    if exact is not None:
-        greedy = spec.start.sampling.get("temperature", 0) == 0
-        if greedy:
-            verdict = "**identical to vanilla**, token for token" if exact.identical else f"**{exact.describe()}**"
-        else:
-            verdict = ("sampled run: outputs differ by design (same distribution, different draws); "
-                       "`python -m specviz check` tests the distribution")
-        lines += ["", f"Greedy check: {verdict}"]
-    return "\n".join(lines)
-
-
-def status_line(state: LiveState) -> str:
-    spec, van = state.spec, state.vanilla
-    if state.phase == "speculative":
-        return (f"● speculative decoding: {spec.tokens} tokens, {len(spec.iterations)} iterations, "
-                f"acceptance {_fmt_rate(spec.acceptance_rate)}, {spec.tokens_per_second:.1f} tok/s")
-    if state.phase == "vanilla":
-        return f"● vanilla decoding of the same prompt for comparison: {van.tokens} tokens, {van.tokens_per_second:.1f} tok/s"
-    if spec.summary is None:
-        return "■ stopped"
-    return f"■ done: {spec.summary.new_tokens} tokens, stop: {spec.summary.stop_reason}"
-
-
-def inspector(runs: dict | None, index):
-    spec = (runs or {}).get("spec")
-    if not spec or not spec.iterations:
-        return render.inspector_html(None), charts.inspector_figure(None)
-    i = max(0, min(int(index or 0), len(spec.iterations) - 1))
-    e = spec.iterations[i]
-    return render.inspector_html(e), charts.inspector_figure(e)
-
-
-def _export(spec: Trace, vanilla: Trace | None) -> str:
-    EXPORT_DIR.mkdir(parents=True, exist_ok=True)
-    path = EXPORT_DIR / f"specviz-run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{id(spec) % 10000}.json"
-    save_runs(path, spec, vanilla, {"saved": time.strftime("%Y-%m-%d %H:%M:%S")})
-    return str(path)
-
-
-def full_view(spec: Trace, vanilla: Trace | None, status: str, exact=None, export: bool = True):
-    n = len(spec.iterations)
-    last = n - 1 if n else 0
-    html_, fig = inspector({"spec": spec}, last)
-    return (status, render.tokens_html(spec.iterations), *charts.all_figures(spec, vanilla),
-            summary_markdown(spec, vanilla, exact),
-            gr.update(maximum=max(1, last), value=last, interactive=n > 1), html_, fig,
-            _export(spec, vanilla) if export and spec.summary else None,
-            {"spec": spec, "vanilla": vanilla})
-
-
-def _skip_all(status: str | None = None):
-    return tuple([status if status is not None else gr.skip()] + [gr.skip()] * (len(OUTPUT_NAMES) - 1))
-
-
-def _error(message: str):
+def _error(message: str) -> dict:
     gr.Warning(message)
-    return (f"**Error:** {message}",) + tuple(gr.skip() for _ in OUTPUT_NAMES[1:])
+    return {C["status"]: f"**Error:** {md(message, 400)}"}
 
 
-# ---- handlers ------------------------------------------------------------------------------------
-
-def _settings(gamma, temperature, top_k, top_p, max_new_tokens, seed) -> DecodeConfig:
-    def whole(x, name):
-        if x is None or float(x) != int(float(x)):
-            raise SpecvizError(f"{name} must be a whole number, got {x!r}")
-        return int(float(x))
-
-    sampling = SamplingConfig(float(temperature if temperature is not None else -1), whole(top_k, "top-k"),
-                              float(top_p if top_p is not None else 0))
-    return DecodeConfig(gamma=whole(gamma, "gamma"), max_new_tokens=whole(max_new_tokens, "max new tokens"),
-                        sampling=sampling, seed=whole(seed, "seed"))
+def _updates(frame: Frame | None) -> dict:
+    if frame is None:
+        return {}
+    out = {C[k]: (gr.update(**v) if k == "iteration" else v) for k, v in frame.updates().items()}
+    return out
 
 
 @gpu
 def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k, top_p, max_new_tokens,
-                 seed, with_vanilla):
-    """Stream one run into the page: status, tokens every iteration, charts every few."""
+                 seed, costs, with_vanilla, request: gr.Request = None):
+    """Stream one run into the page; waits its turn in the decode queue it shares with the API."""
+    session = _session(request)
     try:
-        cfg = _settings(gamma, temperature, top_k, top_p, max_new_tokens, seed)
+        cfg = DecodeConfig.from_settings(gamma, temperature, top_k, top_p, max_new_tokens, seed,
+                                         REFERENCE if costs == "reference" else None)
         if not isinstance(prompt, str) or not prompt.strip():
             raise SpecvizError("the prompt is empty: type one or pick an example")
         custom_target = target if target and target != PAIR_CHOICE else None
         custom_drafter = drafter if drafter and drafter != PAIR_CHOICE else None
-        name = custom_target or REGISTRY.pair(pair).target
-        if not is_loaded(REGISTRY.model(name), DEVICE, DTYPE):
-            yield _skip_all(f"● loading {name} (the first run of a model loads its weights; ~20 s on a CPU)…")
+        spec = resolve_pair(REGISTRY, None if custom_target else pair, custom_target, custom_drafter, cfg.gamma)
+        for name in [spec.target] + ([spec.draft_model] if spec.draft_model else []):
+            model = REGISTRY.model(name)
+            if not is_loaded(model, DEVICE, DTYPE):
+                where = "from the Hugging Face Hub" if model.offline_source() is None else "its weights"
+                yield {C["status"]: f"● loading {md(name)} ({md(where)}; ~20 s on a CPU the first time)…"}
         pipe = build_pipeline(REGISTRY, pair=None if custom_target else pair, target=custom_target,
                               drafter=custom_drafter, device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
-        yield _skip_all("● prefilling the prompt…")
-        rendered: list[str] = []  # each iteration's HTML, made once
-        last_tokens = last_charts = 0.0
-        stream = RUNNER.stream(lambda: live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla)))
-        for state in stream:
-            now = time.perf_counter()
-            if state.last is not None:
-                rendered.append(render.iteration_html(state.last))
-            if state.phase == "done":
-                yield full_view(state.spec, state.vanilla, status_line(state), state.exact)
-            elif state.phase == "speculative" and state.last is not None and now - last_tokens >= TOKENS_EVERY_S:
-                last_tokens = now
-                redraw = now - last_charts >= CHARTS_EVERY_S
-                if redraw:
-                    last_charts = now
-                # acceptance charts live; throughput and time split (which need vanilla) at the end
-                figs = ((charts.acceptance_figure(state.spec), charts.accepted_length_figure(state.spec),
-                         charts.position_figure(state.spec), gr.skip(), gr.skip()) if redraw else (gr.skip(),) * 5)
-                yield (status_line(state), render.tokens_html([], rendered), *figs,
-                       gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), {"spec": state.spec, "vanilla": None})
-            elif state.phase == "vanilla" and now - last_tokens >= 0.5:
-                last_tokens = now
-                yield _skip_all(status_line(state))
+        maker = LIVE[session] = FrameMaker(lambda s, v: EXPORTS.save(session, s, v))
+
+        def waiting(ahead, eta):
+            eta_text = f", about {eta:.0f} s" if eta else ""
+            return {C["status"]: f"● waiting for the decoder: {ahead} run{'s' * (ahead != 1)} ahead{eta_text}…"}
+
+        yield {C["status"]: "● prefilling the prompt…", C["tokens"]: tokens.tokens_html([])}
+        stream = RUNNER.turns(lambda: live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla)),
+                              on_wait=waiting)
+        for item in stream:
+            yield item if isinstance(item, dict) else _updates(maker.add(item))
     except SpecvizError as e:
         yield _error(str(e))
     except MemoryError:
         yield _error("out of memory: try a smaller pair, fewer new tokens or a shorter prompt")
     except Exception as e:  # keep serving whatever happened; say what it was
-        if type(e).__name__ == "OutOfMemoryError":
-            yield _error("the GPU ran out of memory: try a smaller pair or fewer new tokens")
-        else:
-            yield _error(f"unexpected error: {type(e).__name__}: {e}")
+        oom = type(e).__name__ == "OutOfMemoryError"
+        yield _error("the GPU ran out of memory: try a smaller pair or fewer new tokens" if oom
+                     else f"unexpected error: {type(e).__name__}: {e}")
 
 
-def replay(file):
-    """Replay a saved run without any model: iterations appear as they did, sped up."""
+def stopped(request: gr.Request = None):
+    """After Stop: what ran, summarised, charted and exported."""
+    maker = LIVE.get(_session(request))
+    frame = maker.stopped() if maker else None
+    return _updates(frame) or {C["status"]: "■ stopped before anything ran"}
+
+
+def replay(file, request: gr.Request = None):
+    """Replay a run the visitor uploaded, without any model: iterations appear as they did, sped up."""
     if file is None:
-        yield _skip_all()
         return
-    path = file if isinstance(file, str) else getattr(file, "name", None) or file.get("path")
+    import time
+
+    from specviz.trace import Trace
+    from specviz.view.frames import LiveState
+
+    path = file if isinstance(file, str) else getattr(file, "path", None) or getattr(file, "name", None)
     try:
-        spec, vanilla, meta = load_runs(path)
+        spec, vanilla, meta = EXPORTS.load_upload(path, gr.utils.get_upload_folder())
     except ValueError as e:
-        yield _error(str(e))
+        yield _error(f"cannot replay this file: {e}")
         return
-    shown = Trace(start=spec.start)
+    maker, shown = FrameMaker(), Trace(start=spec.start)
     step = max(1, len(spec.iterations) // 40)  # about 40 frames
     for i, e in enumerate(spec.iterations):
         shown.iterations.append(e)
+        maker.rendered.append(tokens.iteration_html(e))
         if i % step == 0:
-            yield (f"► replaying a saved run ({i + 1}/{len(spec.iterations)} iterations)",
-                   render.tokens_html(shown.iterations), *(gr.skip(),) * 11)
+            yield {C["status"]: f"► replaying a saved run ({i + 1}/{len(spec.iterations)} iterations)",
+                   C["tokens"]: tokens.tokens_html([], maker.rendered)}
             time.sleep(0.05)
-    exact = None
-    if vanilla and vanilla.summary and spec.summary:  # no model here: compare ids, no logit margin
-        i = first_difference(vanilla.output_ids, spec.output_ids)
-        exact = Exactness(i is None, i)
-    yield full_view(spec, vanilla, f"► replayed a saved run ({meta.get('saved', 'undated')}): no model was loaded",
-                    exact, export=False)
+    frame = maker.final(LiveState("done", spec, vanilla), stopped=spec.summary is None)
+    frame.status = f"► replayed a saved run ({md(meta.get('saved', 'undated'))}): no model was loaded"
+    yield _updates(frame)
 
 
-# ---- layout --------------------------------------------------------------------------------------
+def inspect(runs, index):
+    html_, fig = inspector_frame((runs or {}).get("spec"), index)
+    return html_, fig
+
 
 INTRO = """# specviz · speculative decoding, live
 A small **draft** proposes γ tokens; the **target** checks them all in **one** forward pass, keeps each
 with probability min(1, p/q), replaces the first refused one with a draw from norm(max(0, p − q)), and adds a
 **bonus** token when all pass. The output is *exactly* the target's. Press **Run** and watch every iteration."""
 
+C: dict[str, gr.components.Component] = {}  # the page's outputs by name (a Frame's field names)
+
 
 def build_demo() -> gr.Blocks:
     default_pair = REGISTRY.default()
     details, gamma0 = pair_details(default_pair)
-    with gr.Blocks(title="specviz: speculative decoding, live") as demo:
+    with gr.Blocks(title="specviz: speculative decoding, live", delete_cache=(900, 3600)) as demo:
         gr.Markdown(INTRO)
         with gr.Row():
             with gr.Column(scale=2, min_width=320):
-                pair = gr.Dropdown(pair_choices(), value=default_pair, label="Model pair (models.yaml)")
+                pair = gr.Dropdown([(f"{p.name}{'' if off else '  (needs the Hub)'}", p.name)
+                                    for p, off in REGISTRY.ordered_pairs()], value=default_pair,
+                                   label="Model pair (models.yaml)")
                 pair_md = gr.Markdown(details)
                 prompt = gr.Textbox(value=EXAMPLES[1]["prompt"], lines=5, label="Prompt", elem_id="sv-prompt")
-                gr.Examples([[e["prompt"]] for e in EXAMPLES], inputs=[prompt], label="Examples: chat, summary, code, maths, translation",
-                            cache_examples=False, example_labels=[e["kind"] for e in EXAMPLES])
+                gr.Examples([[e["prompt"]] for e in EXAMPLES], inputs=[prompt], cache_examples=False,
+                            label="Examples: chat, summary, code, maths, translation",
+                            example_labels=[e["kind"] for e in EXAMPLES])
                 with gr.Row():
                     run_btn = gr.Button("Run", variant="primary", elem_id="sv-run")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-stop")
@@ -278,52 +183,57 @@ def build_demo() -> gr.Blocks:
                 with gr.Row():
                     chat = gr.Checkbox(value=True, label="Chat template")
                     with_vanilla = gr.Checkbox(value=True, label="Then run vanilla decoding to compare")
+                costs = gr.Radio([("measured on this machine", "measured"), ("reference (reproducible)", "reference")],
+                                 value="measured", label="Cost profile for the lookup drafter's lengths")
                 with gr.Accordion("Choose target and drafter separately", open=False):
                     target = gr.Dropdown([PAIR_CHOICE] + list(REGISTRY.models), value=PAIR_CHOICE, label="Target model")
-                    drafter = gr.Dropdown(drafter_choices(), value=PAIR_CHOICE, label="Drafter (model, lookup, early-exit:L)")
+                    drafter = gr.Dropdown([PAIR_CHOICE] + drafters.choices(REGISTRY.models), value=PAIR_CHOICE,
+                                          label="Drafter (model, lookup, early-exit:L)")
                 with gr.Accordion("Replay a saved run (no model needed)", open=False):
                     upload = gr.File(label="specviz run (.json)", file_types=[".json"])
             with gr.Column(scale=3, min_width=480):
-                status = gr.Markdown("Ready. Press **Run**.", elem_id="sv-status")
-                gr.HTML(render.LEGEND)
-                tokens = gr.HTML(render.tokens_html([]), elem_id="sv-tokens")
+                C["status"] = gr.Markdown("Ready. Press **Run**.", elem_id="sv-status")
+                gr.HTML(tokens.LEGEND)
+                hide = gr.Checkbox(value=False, label="Hide discarded drafts", elem_id="sv-hide")
+                C["tokens"] = gr.HTML(tokens.tokens_html([]), elem_id="sv-tokens")
                 with gr.Tabs():
+                    with gr.Tab("Output"):
+                        C["output"] = gr.HTML("", elem_id="sv-output")
                     with gr.Tab("Charts"):
                         with gr.Row():
-                            fig_accept = gr.Plot(show_label=False)
-                            fig_length = gr.Plot(show_label=False)
+                            C["fig_accept"], C["fig_length"] = gr.Plot(show_label=False), gr.Plot(show_label=False)
                         with gr.Row():
-                            fig_throughput = gr.Plot(show_label=False)
-                            fig_position = gr.Plot(show_label=False)
-                        fig_split = gr.Plot(show_label=False)
+                            C["fig_throughput"], C["fig_position"] = gr.Plot(show_label=False), gr.Plot(show_label=False)
+                        C["fig_split"] = gr.Plot(show_label=False)
                     with gr.Tab("Iteration inspector"):
-                        iteration = gr.Slider(0, 1, value=0, step=1, label="Iteration", interactive=False)
-                        inspect_html = gr.HTML(render.inspector_html(None))
-                        inspect_fig = gr.Plot(show_label=False)
+                        C["iteration"] = gr.Slider(0, 1, value=0, step=1, label="Iteration", interactive=False)
+                        C["inspect_html"] = gr.HTML(tokens.inspector_html(None))
+                        C["inspect_fig"] = gr.Plot(show_label=False)
                     with gr.Tab("Summary"):
-                        summary = gr.Markdown("", elem_id="sv-summary")
-                        download = gr.File(label="This run's events (JSON): download, or load it back under Replay")
-        runs = gr.State(None)
+                        C["summary"] = gr.Markdown("", elem_id="sv-summary")
+                        C["export"] = gr.File(label="This run's events (JSON): download, or load it back under Replay")
+                        C["result"] = gr.JSON(visible=False)
+        C["runs"] = gr.State(None)
 
-        outputs = [status, tokens, fig_accept, fig_length, fig_position, fig_throughput, fig_split, summary,
-                   iteration, inspect_html, inspect_fig, download, runs]
-        inputs = [pair, target, drafter, prompt, chat, gamma, temperature, top_k, top_p, max_new, seed, with_vanilla]
-        run_event = run_btn.click(run_decoding, inputs, outputs, api_name="run", concurrency_limit=1,
-                                  concurrency_id="decode")
-        stop_btn.click(None, None, None, cancels=[run_event])
+        outputs = list(C.values())
+        inputs = [pair, target, drafter, prompt, chat, gamma, temperature, top_k, top_p, max_new, seed, costs,
+                  with_vanilla]
+        run_event = run_btn.click(run_decoding, inputs, outputs, api_name="run", concurrency_limit=8,
+                                  concurrency_id="decode", show_progress="hidden",
+                                  js="(...a) => {document.getElementById('sv-status')?.scrollIntoView({block: 'start', behavior: 'smooth'}); return a;}")
+        stop_btn.click(stopped, None, outputs, cancels=[run_event], api_visibility="private")
         upload.upload(replay, [upload], outputs, api_name="replay", concurrency_limit=4)
-        iteration.change(inspector, [runs, iteration], [inspect_html, inspect_fig], api_visibility="private",
-                         show_progress="hidden")
+        C["iteration"].change(inspect, [C["runs"], C["iteration"]], [C["inspect_html"], C["inspect_fig"]],
+                              api_visibility="private", show_progress="hidden")
+        hide.change(None, [hide], None, js="(v) => {document.getElementById('sv-tokens')?.classList.toggle('sv-hide-drafts', v);}")
         pair.change(pair_details, [pair], [pair_md, gamma], api_visibility="private")
-        demo.load(lambda: (f"Ready. Models run on **{device_label()}**. Press **Run**."), None, [status],
+        demo.load(lambda: f"Ready. Models run on **{device_label()}**. Press **Run**.", None, [C["status"]],
                   api_visibility="private")
     demo.queue(max_size=32, default_concurrency_limit=1)
     return demo
 
 
 def device_label() -> str:
-    from specviz.loading import pick_device, pick_dtype
-
     dev = pick_device(DEVICE)
     return f"{dev.type} ({str(pick_dtype(DTYPE, dev)).replace('torch.', '')})"
 
@@ -332,7 +242,7 @@ def launch_kwargs() -> dict:
     return {"theme": gr.themes.Soft(), "css_paths": [str(ASSETS / "specviz.css")], "footer_links": ["gradio"]}
 
 
-def preload(pair: str = DEFAULT_PAIR) -> None:
+def preload(pair: str = REGISTRY.default()) -> None:
     """Load the default pair's weights in the background so the first Run is quick."""
     try:
         build_pipeline(REGISTRY, pair=pair, device=DEVICE, dtype=DTYPE).warm_up(max_gamma=16)

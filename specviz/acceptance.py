@@ -33,9 +33,11 @@ class Verdict:
 
 
 def acceptance_probability(p_x: float, q_x: float) -> float:
-    """min(1, p(x)/q(x)); q(x) > 0 because x was drawn from q."""
-    if q_x <= 0.0:
-        return 1.0 if p_x > 0 else 0.0
+    """min(1, p(x)/q(x)). q(x) > 0 because x was drawn from q: a drafter that reports q(x) = 0 for
+    a token it proposed has a bug that would silently break exactness, so that raises."""
+    if not q_x > 0.0:
+        raise ValueError(f"the drafter proposed a token it gives probability q(x) = {q_x}: "
+                         "q must be the distribution the token was drawn from")
     return min(1.0, p_x / q_x)
 
 

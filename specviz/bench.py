@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
+from .backends.base import Timer
 from .engine import DecodeConfig
 from .errors import SpecvizError
 from .exactness import compare
-from .lm import Timer
-from .loading import Pipeline
+from .pipeline import Pipeline
 from .sampling import SamplingConfig
-from .theory import measured_costs, predicted_speedup_mixed
+from .theory import cost_model
 from .trace import Trace, median
 
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
@@ -69,6 +69,7 @@ class PromptResult:
     spec_decode_ms: float
     proposed: int
     accepted: int
+    examined: int
     iterations: int
     identical: bool | None
     divergence: str
@@ -80,16 +81,6 @@ class PromptResult:
     hf_assisted_ms: float | None = None
     hf_tokens: int | None = None
     hf_assisted_identical: bool | None = None
-
-
-def _peer_kwargs(pipe: Pipeline, gamma: int) -> dict | None:
-    kind = pipe.drafter.kind
-    if kind == "prompt_lookup":
-        return {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 2}
-    if kind == "model" and pipe.draft is not None:
-        return {"assistant_model": pipe.draft.model, "num_assistant_tokens": gamma,
-                "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
-    return None  # early exit: transformers' assistant_early_exit drops the final norm; not comparable
 
 
 def _hf_generate(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, extra: dict) -> tuple[float, list[int]]:
@@ -109,12 +100,13 @@ def _hf_generate(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, extra: dict)
 
 
 def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_new_tokens: int, seed: int,
-               peer: bool, chat: bool = True) -> PromptResult:
-    cfg = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature), seed=seed)
+               peer: bool, chat: bool = True, costs: tuple | None = None) -> PromptResult:
+    cfg = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature), seed=seed,
+                       costs=costs)
     ids = pipe.encode(row["prompt"], chat)
     van = Trace.of(pipe.vanilla(ids, cfg))
     spec = Trace.of(pipe.speculative(ids, cfg))
-    greedy = temperature == 0
+    greedy = cfg.sampling.greedy
     identical, divergence = None, ""
     if greedy:
         cmp = compare(pipe.target_lm, ids, van.output_ids, spec.output_ids)
@@ -122,10 +114,10 @@ def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_ne
     res = PromptResult(
         row["id"], row["category"], gamma, temperature, spec.tokens, van.summary.wall_ms, spec.summary.wall_ms,
         van.summary.wall_ms - van.summary.prefill_ms, spec.summary.wall_ms - spec.summary.prefill_ms,
-        spec.proposed, spec.accepted, len(spec.iterations), identical, divergence,
+        spec.proposed, spec.accepted, spec.examined, len(spec.iterations), identical, divergence,
         [len(e.proposed) for e in spec.iterations], spec.verify_ms_by_gamma(),
         sum(e.draft_ms for e in spec.iterations), median([e.verify_ms for e in van.iterations]))
-    extra = _peer_kwargs(pipe, gamma) if peer else None
+    extra = pipe.peer_kwargs(gamma) if peer else None
     if extra is not None:
         res.hf_plain_ms, plain_ids = _hf_generate(pipe, ids, cfg, {})
         res.hf_assisted_ms, hf_ids = _hf_generate(pipe, ids, cfg, extra)
@@ -154,7 +146,7 @@ class Row:
 
 def aggregate(name: str, rs: list[PromptResult]) -> Row:
     tokens = sum(r.new_tokens for r in rs)
-    prop, acc = sum(r.proposed for r in rs), sum(r.accepted for r in rs)
+    prop, acc, seen = sum(r.proposed for r in rs), sum(r.accepted for r in rs), sum(r.examined for r in rs)
     a = acc / prop if prop else None
     van_ms, spec_ms = sum(r.vanilla_ms for r in rs), sum(r.spec_ms for r in rs)
     peers = [r for r in rs if r.hf_assisted_ms]
@@ -166,8 +158,7 @@ def aggregate(name: str, rs: list[PromptResult]) -> Row:
         gammas += r.gammas
         for g, ms in r.verify_ms_by_gamma.items():
             ms_by_g[int(g)] = ms_by_g.get(int(g), 0.0) + ms
-    c, v = measured_costs(gammas, ms_by_g, sum(r.draft_ms for r in rs), step)
-    predicted = predicted_speedup_mixed(a or 0.0, gammas, c, v) if gammas else 0.0
+    c, v, predicted = cost_model(gammas, ms_by_g, sum(r.draft_ms for r in rs), step, acc / seen if seen else None)
     spent = sum(sum(r.verify_ms_by_gamma.values()) + r.draft_ms for r in rs) / step
     greedy = [r for r in rs if r.identical is not None]
     return Row(
@@ -207,11 +198,7 @@ def summarize(results: list[PromptResult]) -> list[Row]:
     return rows
 
 
-def main(args) -> int:
-    from .cli import _pipeline
-
-    prompts = load_prompts(args.prompts, args.limit, args.categories, args.skip)
-    pipe = _pipeline(args)
+def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None) -> int:
     gammas = args.gamma or [pipe.gamma]
     for g in gammas:
         if g < 1:
@@ -235,7 +222,7 @@ def main(args) -> int:
         results = []
         for row in prompts:
             results.append(run_prompt(pipe, row, g, t, args.max_new_tokens, args.seed, not args.no_peer,
-                                      chat=not args.no_chat))
+                                      chat=not args.no_chat, costs=costs))
             if bar:
                 bar.update(1)
         rows = summarize(results)
@@ -258,6 +245,6 @@ def main(args) -> int:
         print(f"\n(speedup = vanilla time / speculative time, same prompt, back to back; med = median of "
               f"per-prompt ratios, tot = total-time ratio; peer = transformers generate() with the same drafter "
               f"over plain generate(); decode x = without the shared prefill; theory x = Leviathan et al.'s "
-              f"prediction from the measured a, c, v (i.i.d. acceptance); cost x = measured tokens per iteration "
+              f"prediction from the measured per-position acceptance alpha, c, v (i.i.d. acceptance); cost x = measured tokens per iteration "
               f"over the measured draft + verify time, in vanilla steps. {time.time() - t0:.0f} s)")
     return 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .engine import DecodeConfig, _Run, speculative_step
+from .engine import DecodeConfig, Run, speculative_step
 from .sampling import logits_to_probs
 
 
@@ -53,8 +53,9 @@ def chi_square(counts: dict[int, int], exact: dict[int, float], n: int, min_expe
 def first_token_check(target, drafter, tokenizer, prompt_ids: list[int], cfg: DecodeConfig,
                       samples: int) -> CheckResult:
     step_cfg = DecodeConfig(gamma=cfg.gamma, max_new_tokens=cfg.gamma + 1, sampling=cfg.sampling,
-                            seed=cfg.seed)
-    run = _Run("speculative", target, tokenizer, prompt_ids, step_cfg, drafter, None)
+                            seed=cfg.seed, costs=cfg.costs)
+    run = Run("speculative", target, tokenizer, prompt_ids, step_cfg, drafter, None)
+    run.use_cost_profile()
     run.start()
     # the exact distribution: the target's processed p after the prompt
     logits = target.feed(prompt_ids[-1:], keep_logits=1)[-1]
@@ -64,10 +65,7 @@ def first_token_check(target, drafter, tokenizer, prompt_ids: list[int], cfg: De
     exact = {int(t): float(p[t]) for t in nz}
     counts: dict[int, int] = {}
     for _ in range(samples):
-        run.ids = list(prompt_ids)
-        run.stop_reason = ""
-        target.rollback(len(prompt_ids) - 1)
-        drafter.commit(run.ids)
+        run.rewind()
         ev = speculative_step(run, cfg.gamma)
         first = ev.emitted[0]
         counts[first] = counts.get(first, 0) + 1

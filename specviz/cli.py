@@ -35,6 +35,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     p.add_argument("--models", help="registry file (default: models.yaml)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text, no chat template")
+    p.add_argument("--costs", help="pin the cost profile of a cost-aware drafter: 'reference' (built in), a JSON "
+                                   "list of v[g], or a saved run to take it from (same seed + same profile = "
+                                   "same output); default: measured on this machine")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _pipeline(args):
-    from .loading import build_pipeline
+    from .pipeline import build_pipeline
     from .registry import load_registry
 
     reg = load_registry(args.models)
@@ -104,11 +107,11 @@ def cmd_pairs(args) -> int:
 
 
 def _cfg(args, gamma):
+    from .costs import load_costs
     from .engine import DecodeConfig
-    from .sampling import SamplingConfig
 
-    return DecodeConfig(gamma=gamma, max_new_tokens=getattr(args, "max_new_tokens", 1),
-                        sampling=SamplingConfig(args.temperature, args.top_k, args.top_p), seed=args.seed)
+    return DecodeConfig.from_settings(gamma, args.temperature, args.top_k, args.top_p,
+                                      getattr(args, "max_new_tokens", 1), args.seed, load_costs(args.costs))
 
 
 def _fmt_iteration(ev) -> str:
@@ -176,8 +179,11 @@ def cmd_check(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import main as bench_main
+    from .bench import load_prompts
+    from .costs import load_costs
 
-    return bench_main(args)
+    prompts = load_prompts(args.prompts, args.limit, args.categories, args.skip)  # fail fast, before loading
+    return bench_main(args, prompts, _pipeline(args), load_costs(args.costs))
 
 
 def main(argv: list[str] | None = None) -> int:

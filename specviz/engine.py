@@ -20,28 +20,66 @@ from typing import Iterator
 import torch
 
 from .acceptance import verify
-from .drafters import Drafter
+from .backends.base import Target
+from .drafters.base import Drafter
 from .errors import SpecvizError
 from .events import Correction, IterationEvent, StartEvent, SummaryEvent
-from .lm import CachedLM, Timer
 from .sampling import SamplingConfig, logits_to_probs, make_generator, sample
+from .trace import PositionTally
 
 TOP_N = 5  # how many top tokens each event keeps per distribution (for the inspector)
 
 
 @dataclass
 class DecodeConfig:
+    """Everything a run's output depends on besides the models and the prompt.
+
+    ``costs``: a pinned cost profile (v[g] = verify cost of g + 1 tokens over a 1-token pass) for
+    cost-aware drafters; None measures this machine's. With the same seed and the same profile
+    a sampled run reproduces its output on any machine with the same numerics."""
+
     gamma: int = 4
     max_new_tokens: int = 128
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int | None = 0
+    costs: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        if int(self.gamma) != self.gamma or self.gamma < 1:
-            raise SpecvizError(f"gamma must be a whole number >= 1, got {self.gamma}")
-        if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
-            raise SpecvizError(f"max new tokens must be a whole number >= 1, got {self.max_new_tokens}")
-        self.gamma, self.max_new_tokens = int(self.gamma), int(self.max_new_tokens)
+        self.gamma = _whole(self.gamma, "gamma")
+        self.max_new_tokens = _whole(self.max_new_tokens, "max new tokens")
+        if self.seed is not None:
+            self.seed = _whole(self.seed, "seed", 0)
+        if self.costs is not None:
+            costs = tuple(self.costs)
+            if not costs or not all(isinstance(c, (int, float)) and 0 < c < 1e3 for c in costs):
+                raise SpecvizError("a cost profile must be a non-empty list of positive numbers")
+            self.costs = tuple(float(c) / float(costs[0]) for c in costs)
+
+    @classmethod
+    def from_settings(cls, gamma, temperature, top_k, top_p, max_new_tokens, seed, costs=None) -> "DecodeConfig":
+        """From loosely typed front-end values (numbers as floats or strings): one place that
+        validates them and says what is wrong."""
+        def num(x, what):
+            try:
+                return float(x)
+            except (TypeError, ValueError):
+                raise SpecvizError(f"{what} must be a number, got {x!r}") from None
+
+        sampling = SamplingConfig(num(temperature, "temperature"), _whole(top_k, "top-k", 0),
+                                  num(top_p, "top-p"))
+        return cls(gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
+                   seed=None if seed is None or seed == "" else seed, costs=costs)
+
+
+def _whole(x, what: str, minimum: int = 1) -> int:
+    try:
+        n = int(float(x))
+        ok = float(x) == n
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok or n < minimum:
+        raise SpecvizError(f"{what} must be a whole number >= {minimum}, got {x!r}")
+    return n
 
 
 class TokenText:
@@ -85,27 +123,19 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
     return [int(i) for i in ids]
 
 
-def eos_ids(tokenizer, model: torch.nn.Module | None = None) -> set[int]:
-    ids: set[int] = set()
-    for src in (getattr(tokenizer, "eos_token_id", None),
-                getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
-        if isinstance(src, int):
-            ids.add(src)
-        elif isinstance(src, (list, tuple)):
-            ids.update(int(i) for i in src)
-    return ids
-
-
 def _top(probs: torch.Tensor, texts: TokenText, context: list[int], n: int = TOP_N) -> list[list]:
     vals, idx = torch.topk(probs.float(), min(n, probs.shape[-1]))
     return [[int(i), texts.piece(context, int(i)), round(float(v), 6)] for v, i in zip(vals, idx) if v > 0]
 
 
-class _Run:
-    """Bookkeeping shared by both decoders: the sequence, stopping, totals, events."""
+class Run:
+    """Bookkeeping shared by both decoders: the sequence, stopping, totals, events.
 
-    def __init__(self, mode: str, target: CachedLM, tokenizer, prompt_ids: list[int],
-                 cfg: DecodeConfig, drafter: Drafter | None, info: dict | None):
+    ``start()`` prefills the prompt; each ``speculative_step``/``vanilla_step`` is one iteration;
+    ``rewind()`` goes back to just after the prompt (``check`` samples first tokens that way)."""
+
+    def __init__(self, mode: str, target: Target, tokenizer, prompt_ids: list[int],
+                 cfg: DecodeConfig, drafter: Drafter | None = None, info: dict | None = None):
         if not prompt_ids:
             raise SpecvizError("the prompt is empty")
         ctx = target.context_length
@@ -113,8 +143,8 @@ class _Run:
             raise SpecvizError(f"the prompt is {len(prompt_ids)} tokens; the model's context is {ctx}")
         self.mode, self.target, self.cfg, self.drafter = mode, target, cfg, drafter
         self.texts = TokenText(tokenizer)
-        self.eos = eos_ids(tokenizer, target.model)
-        self.prompt_len = len(prompt_ids)
+        self.eos = set(target.eos_ids)
+        self.prompt_ids = list(prompt_ids)
         self.ids = list(prompt_ids)
         self.limit = min(cfg.max_new_tokens, ctx - len(prompt_ids))
         self.gen = make_generator(cfg.seed)
@@ -124,11 +154,16 @@ class _Run:
         self.accepted = 0
         self.draft_ms = 0.0
         self.verify_ms = 0.0
-        self.by_position: list[list[int]] = []
+        self.positions = PositionTally()
         self.stop_reason = ""
         self.prefill_ms = 0.0
+        self.costs: dict = {}
         self.paused = 0.0  # seconds the consumer held the stream between events (not ours to count)
         self.t0 = time.perf_counter()
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
 
     def clock_ms(self) -> float:
         """Time since the run started, less the time its consumer spent between events."""
@@ -138,20 +173,43 @@ class _Run:
     def generated(self) -> int:
         return len(self.ids) - self.prompt_len
 
+    def use_cost_profile(self) -> None:
+        """Hand a cost-aware drafter its cost profile: the pinned one, else this machine's
+        (measured once per model and process, outside the run's clock)."""
+        if self.drafter is None or not self.drafter.wants_costs:
+            return
+        if self.cfg.costs is not None:
+            v, source = list(self.cfg.costs), "pinned"
+        else:
+            v, source = self.target.cost_profile(self.cfg.gamma + 1, self.ids), "measured on this machine"
+            self.t0 = time.perf_counter()
+        self.drafter.costs = v
+        self.costs = {"source": source, "v": [round(x, 4) for x in v]}
+
     def start(self) -> StartEvent:
         self.target.reset()
-        with Timer(self.target.device) as t:
+        with self.target.timer() as t:
             if self.prompt_len > 1:
                 self.target.feed(self.ids[:-1], keep_logits=1)
             if self.drafter is not None:
                 self.drafter.reset(self.ids)
+        self.prefill_ms = t.ms
         return StartEvent(
             mode=self.mode,
             drafter=self.drafter.describe() if self.drafter else {"kind": "none", "name": "vanilla"},
             sampling=self.cfg.sampling.to_dict(), gamma=self.cfg.gamma if self.drafter else 0,
             max_new_tokens=self.limit, seed=self.cfg.seed, prompt_ids=list(self.ids),
             prompt_text=self.texts.tok.decode(self.ids, skip_special_tokens=False),
-            target=self.info.get("target", {}), draft=self.info.get("draft", {}), prefill_ms=t.ms)
+            target=self.info.get("target", {}) or self.target.describe(), draft=self.info.get("draft", {}),
+            prefill_ms=t.ms, costs=self.costs)
+
+    def rewind(self) -> None:
+        """Back to the state right after ``start()``: the prompt prefilled, nothing generated."""
+        self.ids = list(self.prompt_ids)
+        self.stop_reason = ""
+        self.target.rollback(self.prompt_len - 1)
+        if self.drafter is not None:
+            self.drafter.commit(self.ids)
 
     def room(self) -> int:
         return self.limit - self.generated
@@ -172,33 +230,42 @@ class _Run:
     def summary(self) -> SummaryEvent:
         wall = self.clock_ms()
         new = self.generated
-        prefill = self.prefill_ms
-        it = max(self.iterations, 1)
+        examined = self.positions.examined
         return SummaryEvent(
             mode=self.mode, output_ids=self.ids[self.prompt_len:],
             text=self.texts.decode(self.ids[self.prompt_len:]), new_tokens=new,
-            iterations=self.iterations, proposed=self.proposed, accepted=self.accepted,
+            iterations=self.iterations, proposed=self.proposed, accepted=self.accepted, examined=examined,
             acceptance_rate=(self.accepted / self.proposed) if self.proposed else None,
-            mean_accepted=self.accepted / it, tokens_per_iteration=new / it,
+            alpha=(self.accepted / examined) if examined else None,
+            tokens_per_iteration=new / max(self.iterations, 1),
             tokens_per_second=new / (wall / 1000.0) if wall > 0 else 0.0,
-            decode_tokens_per_second=new / ((wall - prefill) / 1000.0) if wall > prefill else 0.0,
-            wall_ms=wall, prefill_ms=prefill, draft_ms=self.draft_ms, verify_ms=self.verify_ms,
-            stop_reason=self.stop_reason or "stopped", accepted_by_position=self.by_position,
+            wall_ms=wall, prefill_ms=self.prefill_ms, draft_ms=self.draft_ms, verify_ms=self.verify_ms,
+            stop_reason=self.stop_reason or "stopped", accepted_by_position=self.positions.rows(),
             consumer_ms=self.paused * 1000.0)
 
 
-def speculative_step(run: _Run, gamma: int) -> IterationEvent:
+def _cut_at_eos(tokens: list[int], eos: set[int]) -> int:
+    """How many proposals matter: up to and including the first EOS (nothing after it is emitted)."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return i + 1
+    return len(tokens)
+
+
+def speculative_step(run: Run, gamma: int) -> IterationEvent:
     """One iteration: propose, verify in one pass, accept/resample, roll back."""
     target, drafter, sampling, gen = run.target, run.drafter, run.cfg.sampling, run.gen
     context = list(run.ids)
-    # 1. propose (never more than can still be emitted: the target adds one token itself)
+    # 1. propose (never more than can still be emitted: the target adds one token itself;
+    #    never past an EOS, after which nothing would be emitted or counted)
     g_max = max(0, min(gamma, run.room() - 1))
     proposal = drafter.propose(context, g_max, sampling, gen)
     tokens = proposal.tokens[:g_max]
+    tokens = tokens[:_cut_at_eos(tokens, run.eos)]
     g = len(tokens)
     q_rows = proposal.q_rows[:g] if proposal.q_rows is not None else None
     # 2. one target pass over the pending token(s) + the proposals
-    with Timer(target.device) as tv:
+    with target.timer() as tv:
         logits = target.feed(context[target.cached:] + tokens, keep_logits=g + 1)
     p_rows = logits_to_probs(logits, sampling)
     # 3. accept / reject / resample or bonus
@@ -218,13 +285,7 @@ def speculative_step(run: _Run, gamma: int) -> IterationEvent:
     run.accepted += k
     run.draft_ms += proposal.draft_ms
     run.verify_ms += tv.ms
-    for i, d in enumerate(verdict.draws):
-        if d is None:
-            break
-        if i == len(run.by_position):
-            run.by_position.append([0, 0])
-        run.by_position[i][1] += 1
-        run.by_position[i][0] += int(i < k)
+    run.positions.add(verdict.draws, k)
     nxt = verdict.next_token
     ctx_k = context + tokens[:k]
     return IterationEvent(
@@ -244,10 +305,10 @@ def speculative_step(run: _Run, gamma: int) -> IterationEvent:
         elapsed_ms=run.clock_ms())
 
 
-def vanilla_step(run: _Run) -> IterationEvent:
+def vanilla_step(run: Run) -> IterationEvent:
     """One plain decoding step: one target pass, one token."""
     target, context = run.target, list(run.ids)
-    with Timer(target.device) as tv:
+    with target.timer() as tv:
         logits = target.feed(context[target.cached:], keep_logits=1)
     p = logits_to_probs(logits[-1], run.cfg.sampling)
     tok = sample(p, run.gen)
@@ -267,14 +328,9 @@ def vanilla_step(run: _Run) -> IterationEvent:
         elapsed_ms=run.clock_ms())
 
 
-def _decode(run: _Run, step) -> Iterator:
-    if run.drafter is not None and getattr(run.drafter, "wants_costs", False):
-        # measured once per model and process, outside the run's clock
-        run.drafter.costs = run.target.verify_costs(run.cfg.gamma + 1, run.ids)
-        run.t0 = time.perf_counter()
-    start = run.start()
-    run.prefill_ms = start.prefill_ms
-    events = [start]
+def _decode(run: Run, step) -> Iterator:
+    run.use_cost_profile()
+    events = [run.start()]
     while True:
         for ev in events:  # time the consumer spends between events is not decoding time
             held = time.perf_counter()
@@ -286,16 +342,15 @@ def _decode(run: _Run, step) -> Iterator:
     yield run.summary()
 
 
-def speculative_decode(target: CachedLM, drafter: Drafter, tokenizer, prompt_ids: list[int],
+def speculative_decode(target: Target, drafter: Drafter, tokenizer, prompt_ids: list[int],
                        cfg: DecodeConfig, info: dict | None = None) -> Iterator:
     """Speculative decoding; yields StartEvent, IterationEvent..., SummaryEvent."""
-    run = _Run("speculative", target, tokenizer, prompt_ids, cfg, drafter, info)
+    run = Run("speculative", target, tokenizer, prompt_ids, cfg, drafter, info)
     return _decode(run, lambda r: speculative_step(r, cfg.gamma))
 
 
-def vanilla_decode(target: CachedLM, tokenizer, prompt_ids: list[int], cfg: DecodeConfig,
+def vanilla_decode(target: Target, tokenizer, prompt_ids: list[int], cfg: DecodeConfig,
                    info: dict | None = None) -> Iterator:
     """Plain decoding with the same settings and the same event stream."""
-    run = _Run("vanilla", target, tokenizer, prompt_ids, cfg, None, info)
+    run = Run("vanilla", target, tokenizer, prompt_ids, cfg, None, info)
     return _decode(run, vanilla_step)
-

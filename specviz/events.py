@@ -2,14 +2,17 @@
 (per token for vanilla decoding), one ``SummaryEvent``.  The UI, the CLI and the benchmark all
 read these; nothing downstream recomputes what the engine already knew.
 
-Every event serialises to a JSON-ready dict with an ``"event"`` field and back.
+Every event serialises to a JSON-ready dict with an ``"event"`` field and back. ``from_dict``
+validates what it reads (types, lengths, bounded sizes) field by field, since a run file may come
+from anyone: a damaged or hand-edited file gets a message that names the field, never a crash.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Iterable
+import math
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 
 @dataclass
@@ -25,6 +28,7 @@ class StartEvent:
     target: dict = field(default_factory=dict)  # name, device, dtype
     draft: dict = field(default_factory=dict)
     prefill_ms: float = 0.0
+    costs: dict = field(default_factory=dict)  # the cost profile a cost-aware drafter used: source, v
     event: str = "start"
 
 
@@ -80,11 +84,11 @@ class SummaryEvent:
     iterations: int
     proposed: int
     accepted: int
-    acceptance_rate: float | None  # accepted / proposed
-    mean_accepted: float  # accepted proposals per iteration
+    examined: int  # proposals the rule looked at (those after a rejection never are)
+    acceptance_rate: float | None  # accepted / proposed: the share of proposed tokens kept
+    alpha: float | None  # accepted / examined: per-position acceptance, the a of Leviathan et al.
     tokens_per_iteration: float  # emitted tokens per iteration (vLLM's "mean acceptance length")
     tokens_per_second: float  # new tokens / wall time (prefill included)
-    decode_tokens_per_second: float  # new tokens / (wall time - prefill)
     wall_ms: float  # the run's own time: excludes consumer_ms
     prefill_ms: float
     draft_ms: float
@@ -103,26 +107,116 @@ def to_dict(ev: Event) -> dict:
     return asdict(ev)
 
 
-def from_dict(d: dict) -> Event:
+# ---- reading events back, from a file anyone may have written -------------------------------
+
+MAX_LIST = 100_000  # longest list a field may hold (a run of 100k tokens is far beyond any front end)
+MAX_STR = 20_000  # longest string (a prompt's text can be long; a token's is short)
+
+
+class SchemaError(ValueError):
+    """A saved event does not have the shape specviz writes; the message names the field."""
+
+
+def _check(value, hint, where: str):
+    """``value`` as the type ``hint`` says, or SchemaError naming ``where``."""
+    origin = typing.get_origin(hint)
+    if hint is typing.Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for option in typing.get_args(hint):
+            try:
+                return _check(value, option, where)
+            except SchemaError as e:
+                errors.append(str(e))
+        raise SchemaError(errors[0] if errors else f"{where}: unexpected value")
+    if hint is type(None):
+        if value is not None:
+            raise SchemaError(f"{where}: expected null, got {type(value).__name__}")
+        return None
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise SchemaError(f"{where}: expected true or false, got {type(value).__name__}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int) or abs(value) > 2 ** 53:
+            raise SchemaError(f"{where}: expected a whole number, got {_show(value)}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise SchemaError(f"{where}: expected a number, got {_show(value)}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise SchemaError(f"{where}: expected text, got {_show(value)}")
+        if len(value) > MAX_STR:
+            raise SchemaError(f"{where}: text longer than {MAX_STR:,} characters")
+        return value
+    if hint is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise SchemaError(f"{where}: expected an object, got {_show(value)}")
+        if len(value) > 64:
+            raise SchemaError(f"{where}: more than 64 entries")
+        return {str(k): _plain(v, f"{where}.{k}", 3) for k, v in value.items()}
+    if hint is list or origin is list:
+        if not isinstance(value, list):
+            raise SchemaError(f"{where}: expected a list, got {_show(value)}")
+        if len(value) > MAX_LIST:
+            raise SchemaError(f"{where}: more than {MAX_LIST:,} items")
+        (item,) = typing.get_args(hint) or (typing.Any,)
+        return [_check(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if hint is Correction:
+        return _build(Correction, value, where)
+    raise SchemaError(f"{where}: unsupported field type {hint!r}")  # pragma: no cover - our own types
+
+
+def _plain(value, where: str, depth: int):
+    """A small JSON value (for free-form dicts like ``target``): scalars, short lists, shallow dicts."""
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return _check(value, str, where)
+    if depth > 0 and isinstance(value, list) and len(value) <= 4096:
+        return [_plain(v, f"{where}[{i}]", depth - 1) for i, v in enumerate(value)]
+    if depth > 0 and isinstance(value, dict) and len(value) <= 64:
+        return {str(k): _plain(v, f"{where}.{k}", depth - 1) for k, v in value.items()}
+    raise SchemaError(f"{where}: unexpected value {_show(value)}")
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return (text[:40] + "...") if len(text) > 40 else text
+
+
+def _build(cls, data, where: str):
+    if not isinstance(data, dict):
+        raise SchemaError(f"{where}: expected an object, got {_show(data)}")
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in fields(cls):
+        if f.name not in data:
+            if f.default is not MISSING or f.default_factory is not MISSING:
+                continue
+            raise SchemaError(f"{where}: missing field {f.name!r}")
+        out[f.name] = _check(data[f.name], hints[f.name], f"{where}.{f.name}")
+    return cls(**out)
+
+
+def from_dict(d: dict, where: str = "event") -> Event:
+    """An event from its dict, validated; raises SchemaError saying which field is wrong."""
+    if not isinstance(d, dict):
+        raise SchemaError(f"{where}: expected an object, got {_show(d)}")
     kind = d.get("event")
     if kind not in _TYPES:
-        raise ValueError(f"not a specviz event: {kind!r}")
-    cls = _TYPES[kind]
-    names = {f.name for f in fields(cls)}
-    data = {k: v for k, v in d.items() if k in names}
-    if cls is IterationEvent:
-        data["correction"] = Correction(**data["correction"])
-    return cls(**data)
-
-
-def dumps(events: Iterable[Event]) -> str:
-    return json.dumps([to_dict(e) for e in events])
-
-
-def loads(text: str) -> list[Event]:
-    raw: Any = json.loads(text)
-    if isinstance(raw, dict):
-        raw = raw.get("events", [])
-    if not isinstance(raw, list):
-        raise ValueError("expected a list of events")
-    return [from_dict(d) for d in raw]
+        raise SchemaError(f"{where}: not a specviz event (event = {_show(kind)})")
+    ev = _build(_TYPES[kind], d, f"{where} ({kind})")
+    if isinstance(ev, IterationEvent):
+        n = len(ev.proposed)
+        for name in ("proposed_text", "q", "p", "accept_prob", "draws"):
+            if len(getattr(ev, name)) != n:
+                raise SchemaError(f"{where}.{name}: {len(getattr(ev, name))} items for {n} proposals")
+        if not 0 <= ev.accepted <= n or len(ev.emitted_text) != len(ev.emitted):
+            raise SchemaError(f"{where}: accepted/emitted do not match the proposals")
+    return ev

@@ -11,11 +11,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .lm import CachedLM
+from .backends.base import Target
 
 
 @dataclass
-class Comparison:
+class Exactness:
     identical: bool
     index: int | None = None  # first differing position in the new tokens
     vanilla_token: int | None = None
@@ -42,15 +42,15 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def compare(target: CachedLM, prompt_ids: list[int], vanilla_ids: list[int], spec_ids: list[int]) -> Comparison:
+def compare(target: Target, prompt_ids: list[int], vanilla_ids: list[int], spec_ids: list[int]) -> Exactness:
     i = first_difference(vanilla_ids, spec_ids)
     if i is None:
-        return Comparison(True)
+        return Exactness(True)
     margin = None
     if i < len(vanilla_ids) and i < len(spec_ids):
         target.reset()
         logits = target.feed(prompt_ids + vanilla_ids[:i], keep_logits=1)[-1]
         top2 = torch.topk(logits, 2).values
         margin = float(top2[0] - top2[1])
-    return Comparison(False, i, vanilla_ids[i] if i < len(vanilla_ids) else None,
+    return Exactness(False, i, vanilla_ids[i] if i < len(vanilla_ids) else None,
                       spec_ids[i] if i < len(spec_ids) else None, margin)

@@ -18,13 +18,68 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Callable, Iterator
 
 
 class MainThreadRunner:
+    """One decode queue for a whole process: the page's runs and API requests take turns here
+    (first come, first served), so they never slow each other down on a CPU."""
+
     def __init__(self) -> None:
         self._jobs: queue.Queue = queue.Queue()
         self.serving = False
+        self._turn = threading.Condition()
+        self._waiting: list[int] = []  # tickets in arrival order; the first one decodes
+        self._next_ticket = 0
+        self.recent_s: list[float] = []  # how long the last runs held the queue (for estimates)
+
+    def position(self, ticket: int) -> int:
+        """How many runs are ahead of ``ticket`` (0: it is decoding)."""
+        with self._turn:
+            return self._waiting.index(ticket) if ticket in self._waiting else 0
+
+    def estimate_s(self, ahead: int) -> float | None:
+        if not self.recent_s:
+            return None
+        recent = sorted(self.recent_s[-8:])
+        return ahead * recent[len(recent) // 2]
+
+    def take_ticket(self) -> int:
+        with self._turn:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            self._waiting.append(ticket)
+            return ticket
+
+    def wait_turn(self, ticket: int, timeout: float | None = None) -> bool:
+        """Block until ``ticket`` is first in line (True) or ``timeout`` passes (False)."""
+        with self._turn:
+            return self._turn.wait_for(lambda: self._waiting and self._waiting[0] == ticket, timeout)
+
+    def done(self, ticket: int, held_s: float | None = None) -> None:
+        with self._turn:
+            if ticket in self._waiting:
+                self._waiting.remove(ticket)
+            if held_s is not None:
+                self.recent_s = (self.recent_s + [held_s])[-16:]
+            self._turn.notify_all()
+
+    def turns(self, make: Callable[[], Iterator], on_wait: Callable[[int, float | None], object] | None = None
+              ) -> Iterator:
+        """``stream(make)`` after waiting for this caller's turn in the queue. While it waits,
+        ``on_wait(runs ahead, estimated seconds)`` is yielded every half second (if given)."""
+        ticket = self.take_ticket()
+        t0 = None
+        try:
+            while not self.wait_turn(ticket, timeout=0.5):
+                if on_wait is not None:
+                    ahead = self.position(ticket)
+                    yield on_wait(ahead, self.estimate_s(ahead))
+            t0 = time.perf_counter()
+            yield from self.stream(make)
+        finally:
+            self.done(ticket, time.perf_counter() - t0 if t0 is not None else None)
 
     def serve_forever(self, poll_s: float = 0.5, until: threading.Event | None = None) -> None:
         """Execute jobs on this (the main) thread until interrupted (or ``until`` is set)."""

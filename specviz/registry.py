@@ -12,7 +12,6 @@ import yaml
 from .errors import SpecvizError
 
 DEFAULT_REGISTRY = Path(__file__).resolve().parent.parent / "models.yaml"
-DRAFTER_KINDS = {"model", "prompt_lookup", "early_exit"}
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,9 @@ class PairSpec:
 
     @property
     def draft_model(self) -> str | None:
-        return self.drafter.get("model") if self.drafter.get("kind") == "model" else None
+        from .drafters import kind
+
+        return kind(self.drafter.get("kind")).draft_model(self.drafter)
 
 
 @dataclass
@@ -135,6 +136,12 @@ def _source(raw, where: str, base: Path) -> Source:
     raise SpecvizError(f"{where}: a source needs one of package, local or hub")
 
 
+def _drafter(spec: dict, where: str, base: Path) -> dict:
+    from .drafters import kind
+
+    return kind(spec.get("kind"), where).check(spec, where, base)
+
+
 def parse(data: dict, base: Path = DEFAULT_REGISTRY.parent) -> Registry:
     if not isinstance(data, dict):
         raise SpecvizError("models.yaml must be a mapping with `models` and `pairs`")
@@ -152,19 +159,12 @@ def parse(data: dict, base: Path = DEFAULT_REGISTRY.parent) -> Registry:
         target = raw.get("target")
         if target not in models:
             raise SpecvizError(f"{where}: unknown target model {target!r}")
-        drafter = dict(raw.get("drafter") or {})
-        kind = drafter.get("kind")
-        if kind not in DRAFTER_KINDS:
-            raise SpecvizError(f"{where}: drafter kind must be one of {sorted(DRAFTER_KINDS)}, got {kind!r}")
-        if kind == "model" and drafter.get("model") not in models:
-            raise SpecvizError(f"{where}: unknown draft model {drafter.get('model')!r}")
-        if kind == "early_exit" and not (isinstance(drafter.get("layers"), int) and drafter["layers"] >= 1):
-            raise SpecvizError(f"{where}: early_exit needs `layers`, a whole number >= 1")
-        if "datastore" in drafter:
-            if kind != "prompt_lookup":
-                raise SpecvizError(f"{where}: only a prompt_lookup drafter can use a datastore")
-            path = Path(os.path.expanduser(str(drafter["datastore"])))
-            drafter["datastore"] = str(path if path.is_absolute() else base / path)
+        if not isinstance(raw.get("drafter"), dict):
+            raise SpecvizError(f"{where}: needs `drafter`, a mapping with a `kind`")
+        drafter = _drafter(dict(raw["drafter"]), where, base)
+        draft = PairSpec(str(name), target, drafter).draft_model
+        if draft is not None and draft not in models:
+            raise SpecvizError(f"{where}: unknown draft model {draft!r}")
         gamma = raw.get("gamma", 4)
         if not isinstance(gamma, int) or gamma < 1:
             raise SpecvizError(f"{where}: gamma must be a whole number >= 1, got {gamma!r}")

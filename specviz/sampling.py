@@ -4,6 +4,7 @@ Speculative decoding is exact only if the draft's q is the very distribution the
 from and the target's p went through the same processing (temperature, top-k, top-p).  Every
 distribution in specviz comes out of :func:`logits_to_probs`, so that holds by construction.
 Temperature 0 means greedy: the distribution is one-hot on the argmax (first index on ties).
+Temperatures between 0 and ``MIN_TEMPERATURE`` are refused: dividing logits by them overflows.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .errors import SpecvizError
+
+MIN_TEMPERATURE = 1e-3  # below this (and above 0) logits / T overflow float32 or make p a near one-hot
 
 
 @dataclass(frozen=True)
@@ -24,11 +27,13 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature:
             raise SpecvizError(f"temperature must be a number, got {self.temperature!r}")
-        if self.temperature < 0:
+        if self.temperature < 0 or self.temperature == float("inf"):
             raise SpecvizError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise SpecvizError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {self.temperature}")
         if int(self.top_k) != self.top_k or self.top_k < 0:
             raise SpecvizError(f"top-k must be a whole number >= 0 (0 = off), got {self.top_k}")
-        if not (0.0 < self.top_p <= 1.0):
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
             raise SpecvizError(f"top-p must be in (0, 1], got {self.top_p}")
 
     @property

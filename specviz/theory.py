@@ -68,3 +68,11 @@ def predicted_speedup_mixed(a: float, gammas: list[int], c: float, v: dict[int, 
     tokens = sum(expected_tokens(a, g) if g else 1.0 for g in gammas)
     cost = sum(g * c + v[g] for g in gammas)
     return tokens / cost if cost > 0 else 0.0
+
+
+def cost_model(gammas: list[int], verify_ms_by_gamma: dict[int, float], draft_ms: float, step_ms: float,
+               alpha: float | None) -> tuple[float, dict[int, float], float]:
+    """(c, v, predicted speedup) of a run (or runs) from measured times and the measured
+    per-position acceptance alpha, one plain step as the unit. The bench and the app use this."""
+    c, v = measured_costs(gammas, verify_ms_by_gamma, draft_ms, step_ms)
+    return c, v, (predicted_speedup_mixed(alpha or 0.0, gammas, c, v) if gammas else 0.0)

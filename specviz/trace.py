@@ -1,17 +1,45 @@
-"""A run as the front ends see it: its events in order and the statistics derived from them.
+"""A run as the front ends see it: its events in order and the statistics derived from them, and
+the one file format for saved runs.
 
-Built incrementally while a run streams (``add``), or all at once from a saved file.
+Built incrementally while a run streams (``add``), or all at once from a saved file. Every
+statistic a chart, a summary, the bench or the lab shows is computed here (or in ``theory``)
+once, from events alone.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 
-from .events import IterationEvent, StartEvent, SummaryEvent, from_dict, to_dict
-from .theory import accepted_length_pmf
+from .events import IterationEvent, SchemaError, StartEvent, SummaryEvent, from_dict, to_dict
+from .theory import accepted_length_pmf, cost_model
 
 FORMAT_VERSION = 1
+MAX_FILE_BYTES = 32 * 1024 * 1024  # a saved run of 512 tokens is ~1 MB
+
+
+class PositionTally:
+    """(kept, examined) per draft position: position i is examined when the rule drew for it."""
+
+    def __init__(self) -> None:
+        self.counts: list[list[int]] = []
+
+    def add(self, draws: list, accepted: int) -> None:
+        for i, d in enumerate(draws):
+            if d is None:
+                break
+            if i == len(self.counts):
+                self.counts.append([0, 0])
+            self.counts[i][1] += 1
+            self.counts[i][0] += int(i < accepted)
+
+    @property
+    def examined(self) -> int:
+        return sum(n for _, n in self.counts)
+
+    def rows(self) -> list[list[int]]:
+        return [list(c) for c in self.counts]
 
 
 @dataclass
@@ -38,6 +66,10 @@ class Trace:
     def events(self) -> list:
         return [e for e in [self.start, *self.iterations, self.summary] if e is not None]
 
+    @property
+    def greedy(self) -> bool:
+        return bool(self.start) and float(self.start.sampling.get("temperature", 0) or 0) == 0
+
     # --- running totals -------------------------------------------------------------------
     @property
     def tokens(self) -> int:
@@ -52,8 +84,20 @@ class Trace:
         return self.iterations[-1].accepted_total if self.iterations else 0
 
     @property
+    def examined(self) -> int:
+        return sum(n for _, n in self.by_position())
+
+    @property
     def acceptance_rate(self) -> float | None:
+        """accepted / proposed: the share of proposed tokens the target kept."""
         return self.accepted / self.proposed if self.proposed else None
+
+    @property
+    def alpha(self) -> float | None:
+        """accepted / examined: per-position acceptance, the estimator Leviathan et al.'s law needs
+        (proposals after a rejection are never examined, so accepted / proposed underestimates it)."""
+        n = self.examined
+        return self.accepted / n if n else None
 
     @property
     def elapsed_ms(self) -> float:
@@ -67,11 +111,18 @@ class Trace:
         return self.tokens / (ms / 1000.0) if ms > 0 else 0.0
 
     @property
+    def decode_tokens_per_second(self) -> float:
+        ms = self.elapsed_ms - (self.start.prefill_ms if self.start else 0.0)
+        return self.tokens / (ms / 1000.0) if ms > 0 else 0.0
+
+    @property
     def output_ids(self) -> list[int]:
         return [t for e in self.iterations for t in e.emitted]
 
-    def text(self) -> str:
-        return self.summary.text if self.summary else "".join(p for e in self.iterations for p in e.emitted_text)
+    @property
+    def output_text(self) -> str:
+        """What the run wrote so far, special tokens and all, exactly as the token view shows it."""
+        return "".join(p for e in self.iterations for p in e.emitted_text)
 
     # --- statistics for the charts ------------------------------------------------------------
     def acceptance_series(self) -> tuple[list[int], list[float], list[float]]:
@@ -86,15 +137,15 @@ class Trace:
 
     def accepted_length_counts(self) -> tuple[list[int], list[float]]:
         """Observed and theoretical counts of k kept proposals, k = 0..max gamma, over iterations
-        that proposed.  The theory is the truncated geometric law at the measured acceptance rate,
-        mixed over each iteration's own proposal length."""
+        that proposed. The theory is the truncated geometric law at the measured per-position
+        acceptance alpha, mixed over each iteration's own proposal length."""
         spec = [e for e in self.iterations if e.proposed]
         if not spec:
             return [], []
         gmax = max(len(e.proposed) for e in spec)
         observed = [0] * (gmax + 1)
         expected = [0.0] * (gmax + 1)
-        a = self.acceptance_rate or 0.0
+        a = self.alpha or 0.0
         for e in spec:
             observed[e.accepted] += 1
             for k, pk in enumerate(accepted_length_pmf(a, len(e.proposed))):
@@ -103,16 +154,10 @@ class Trace:
 
     def by_position(self) -> list[tuple[int, int]]:
         """(kept, examined) per draft position."""
-        out: list[list[int]] = []
+        tally = PositionTally()
         for e in self.iterations:
-            for i, d in enumerate(e.draws):
-                if d is None:
-                    break
-                if i == len(out):
-                    out.append([0, 0])
-                out[i][1] += 1
-                out[i][0] += int(i < e.accepted)
-        return [tuple(x) for x in out]
+            tally.add(e.draws, e.accepted)
+        return [tuple(x) for x in tally.rows()]
 
     def verify_ms_by_gamma(self) -> dict[int, float]:
         """Total verify time of the iterations that proposed g tokens, per g."""
@@ -128,36 +173,6 @@ class Trace:
         other = max(0.0, self.elapsed_ms - prefill - draft - verify)
         return {"prefill": prefill, "draft": draft, "verify": verify, "other": other}
 
-    # --- files ------------------------------------------------------------------------------
-    def to_json(self) -> dict:
-        return {"events": [to_dict(e) for e in self.events()]}
-
-
-def save_runs(path, speculative: Trace, vanilla: Trace | None = None, meta: dict | None = None) -> None:
-    data = {"specviz": FORMAT_VERSION, "meta": meta or {}, "speculative": speculative.to_json()["events"],
-            "vanilla": vanilla.to_json()["events"] if vanilla else []}
-    with open(path, "w") as f:
-        json.dump(data, f)
-
-
-def load_runs(path) -> tuple[Trace, Trace | None, dict]:
-    """Read a saved run; raises ValueError with a clear message on anything else."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"not a specviz run file: {e}") from None
-    if not isinstance(data, dict) or "speculative" not in data:
-        raise ValueError("not a specviz run file (no 'speculative' events)")
-    try:
-        spec = Trace.of(from_dict(d) for d in data["speculative"])
-        van = Trace.of(from_dict(d) for d in data.get("vanilla") or [])
-    except (TypeError, KeyError, ValueError) as e:
-        raise ValueError(f"the run file is damaged: {e}") from None
-    if spec.start is None:
-        raise ValueError("the run file has no start event")
-    return spec, (van if van.start else None), data.get("meta", {})
-
 
 def median(xs: list[float]) -> float:
     s = sorted(xs)
@@ -168,32 +183,76 @@ def median(xs: list[float]) -> float:
 
 
 @dataclass
-class Comparison:
+class Speedup:
     """Speculative vs vanilla decoding of the same prompt, measured side by side."""
 
     speedup: float  # tokens/s ratio, prefill included
     decode_speedup: float  # the same without the (shared) prefill
-    acceptance_rate: float | None
+    alpha: float | None
     tokens_per_iteration: float
     c: float  # draft cost per proposed token / one vanilla step
     v: dict  # verify cost per proposal length / one vanilla step
-    predicted: float  # theory's decode speedup from a, c, v
+    predicted: float  # theory's decode speedup from alpha, c, v
 
 
-def compare_runs(spec: Trace, vanilla: Trace) -> Comparison:
-    from .theory import measured_costs, predicted_speedup_mixed
-
+def compare_speed(spec: Trace, vanilla: Trace) -> Speedup:
     step = median([e.verify_ms for e in vanilla.iterations]) or 1e-9
-    gammas = [len(e.proposed) for e in spec.iterations]
-    c, v = measured_costs(gammas, spec.verify_ms_by_gamma(), sum(e.draft_ms for e in spec.iterations), step)
-    a = spec.acceptance_rate
-    predicted = predicted_speedup_mixed(a or 0.0, gammas, c, v) if gammas else 0.0
+    c, v, predicted = cost_model([len(e.proposed) for e in spec.iterations], spec.verify_ms_by_gamma(),
+                                 sum(e.draft_ms for e in spec.iterations), step, spec.alpha)
+    van_rate, van_decode = vanilla.tokens_per_second, vanilla.decode_tokens_per_second
+    return Speedup(spec.tokens_per_second / van_rate if van_rate else 0.0,
+                   spec.decode_tokens_per_second / van_decode if van_decode else 0.0,
+                   spec.alpha, spec.tokens / max(1, len(spec.iterations)), c, v, predicted)
 
-    def decode_rate(t: Trace) -> float:
-        ms = t.elapsed_ms - (t.start.prefill_ms if t.start else 0.0)
-        return t.tokens / (ms / 1000.0) if ms > 0 else 0.0
 
-    van_rate = vanilla.tokens_per_second
-    return Comparison(spec.tokens_per_second / van_rate if van_rate else 0.0,
-                      decode_rate(spec) / decode_rate(vanilla) if decode_rate(vanilla) else 0.0,
-                      a, spec.tokens / max(1, len(spec.iterations)), c, v, predicted)
+# --- the one file format for saved runs --------------------------------------------------------
+
+def runs_to_json(speculative: Trace, vanilla: Trace | None = None, meta: dict | None = None) -> dict:
+    return {"specviz": FORMAT_VERSION, "meta": meta or {},
+            "speculative": [to_dict(e) for e in speculative.events()],
+            "vanilla": [to_dict(e) for e in vanilla.events()] if vanilla else []}
+
+
+def save_runs(path, speculative: Trace, vanilla: Trace | None = None, meta: dict | None = None) -> None:
+    with open(path, "w") as f:
+        json.dump(runs_to_json(speculative, vanilla, meta), f)
+
+
+def runs_from_json(data) -> tuple[Trace, Trace | None, dict]:
+    """Saved runs from parsed JSON, validated; ValueError (SchemaError) says what is wrong."""
+    if not isinstance(data, dict) or "speculative" not in data:
+        raise SchemaError("not a specviz run file (no 'speculative' events)")
+    if data.get("specviz", FORMAT_VERSION) != FORMAT_VERSION:
+        raise SchemaError(f"run file format {data.get('specviz')!r}; this specviz reads {FORMAT_VERSION}")
+    meta = data.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise SchemaError("meta: expected an object")
+    meta = {str(k): v for k, v in meta.items() if isinstance(v, (str, int, float, bool)) and len(str(v)) <= 200}
+    traces = []
+    for part in ("speculative", "vanilla"):
+        raw = data.get(part) or []
+        if not isinstance(raw, list):
+            raise SchemaError(f"{part}: expected a list of events")
+        trace = Trace()
+        for i, d in enumerate(raw):
+            ev = from_dict(d, f"{part}[{i}]")
+            if (ev.event == "start") != (i == 0) or (ev.event == "summary" and i != len(raw) - 1):
+                raise SchemaError(f"{part}[{i}]: a run is one start event, its iterations, then one summary")
+            trace.add(ev)
+        traces.append(trace)
+    spec, van = traces
+    if spec.start is None:
+        raise SchemaError("the run file has no start event")
+    return spec, (van if van.start else None), meta
+
+
+def load_runs(path) -> tuple[Trace, Trace | None, dict]:
+    """Read a saved run; raises ValueError with a clear message on anything else."""
+    try:
+        if os.path.getsize(path) > MAX_FILE_BYTES:
+            raise ValueError(f"the file is larger than {MAX_FILE_BYTES // 2**20} MB; not a specviz run")
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"not a specviz run file: {e}") from None
+    return runs_from_json(data)

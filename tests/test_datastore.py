@@ -4,12 +4,12 @@ that combines it with prompt lookup (still exact against vanilla decoding)."""
 import numpy as np
 import pytest
 
-from specviz.datastore import SEP, Datastore, load_datastore, save_datastore
+from specviz.drafters.datastore import SEP, Datastore, load_datastore, save_datastore
 from specviz.drafters import PromptLookupDrafter
 from specviz.engine import DecodeConfig, encode_prompt, speculative_decode, vanilla_decode
 from specviz.errors import SpecvizError
-from specviz.lm import CachedLM
-from specviz.loading import make_drafter
+from specviz.backends.transformers import CachedLM
+from specviz.pipeline import build_drafter as make_drafter
 from specviz.registry import parse
 
 

@@ -1,14 +1,17 @@
 """The engine on tiny random models: exact greedy equality, rollback, events, stopping, seeds."""
 
+import json
+
 import pytest
 import torch
 
 import specviz.engine as engine
 from specviz.drafters import Drafter, EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, Proposal
 from specviz.errors import SpecvizError
-from specviz.events import IterationEvent, StartEvent, SummaryEvent, dumps, loads
+from specviz.events import IterationEvent, StartEvent, SummaryEvent
+from specviz.trace import Trace, runs_from_json, runs_to_json
 from specviz.engine import DecodeConfig, encode_prompt, speculative_decode, vanilla_decode
-from specviz.lm import CachedLM
+from specviz.backends.transformers import CachedLM
 from specviz.sampling import SamplingConfig
 
 PROMPTS = ["hello hello hello world", "abc abc abc abc", "The cat sat on the mat. The cat",
@@ -158,8 +161,8 @@ def test_events_roundtrip_json(target_model, draft_model, tok):
     ids = encode_prompt(tok, "json", True)
     cfg = DecodeConfig(gamma=3, max_new_tokens=12, sampling=SamplingConfig(1.0), seed=1)
     events = list(speculative_decode(target, ModelDrafter(draft_model), tok, ids, cfg))
-    back = loads(dumps(events))
-    assert back == events
+    back, _, _ = runs_from_json(json.loads(json.dumps(runs_to_json(Trace.of(events)))))
+    assert back.events() == events
 
 
 def test_seed_reproduces_sampled_output(target_model, draft_model, tok):
@@ -244,7 +247,7 @@ def test_prompt_lookup_prefers_longest_most_recent_match():
 
 
 def test_early_exit_view_shares_weights(target_model):
-    from specviz.lm import early_exit_view
+    from specviz.backends.transformers import early_exit_view
 
     view = early_exit_view(target_model, 2)
     assert len(view.model.layers) == 2 and len(target_model.model.layers) == 4

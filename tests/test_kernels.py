@@ -4,12 +4,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specviz import kernels
+from specviz.backends import cpu_kernels as kernels
 from specviz.drafters import ModelDrafter, PromptLookupDrafter
 from specviz.events import IterationEvent
 from specviz.engine import DecodeConfig, encode_prompt, speculative_decode, vanilla_decode
-from specviz.lm import CachedLM
-from specviz.tiny import tiny_llama
+from specviz.backends.transformers import CachedLM
+from tests.fixtures.tiny import tiny_llama
 
 needs_mkl = pytest.mark.skipif(not kernels.available(torch.nn.Linear(2, 2)),
                                reason="this torch build has no MKL packed GEMM")
@@ -60,7 +60,9 @@ def test_pack_is_idempotent_reversible_and_stays_out_of_state_dict(packed_model)
     assert all(type(m) is torch.nn.Linear for m in packed_model.modules() if isinstance(m, torch.nn.Linear))
 
 
+@needs_mkl
 def test_switched_off_or_not_float32(monkeypatch):
+    assert kernels.pack_linears(tiny_llama(seed=0, layers=1)) > 0  # control: float32 packs here
     monkeypatch.setenv("SPECVIZ_PACKED", "0")
     assert kernels.pack_linears(tiny_llama(seed=0, layers=1)) == 0
     monkeypatch.delenv("SPECVIZ_PACKED")

@@ -3,9 +3,11 @@
 import pytest
 
 from specviz.errors import SpecvizError
-from specviz.loading import build_pipeline, check_tokenizers, parse_drafter, pick_device, pick_dtype
+from specviz.backends.transformers import check_tokenizers, pick_device, pick_dtype
+from specviz.drafters import parse_drafter
+from specviz.pipeline import build_pipeline
 from specviz.registry import load_registry, parse
-from specviz.tiny import tiny_tokenizer
+from tests.fixtures.tiny import tiny_tokenizer
 
 GOOD = {
     "models": {"a": {"sources": [{"hub": "x/a"}]}, "b": {"sources": [{"hub": "x/b"}]}},
@@ -102,10 +104,10 @@ def test_unknown_names(tiny_registry):
         build_pipeline(reg, pair="nope")
     with pytest.raises(SpecvizError, match="unknown model 'nope'"):
         build_pipeline(reg, target="nope")
-    with pytest.raises(SpecvizError, match="unknown model"):
-        parse_drafter("nope", reg)
+    with pytest.raises(SpecvizError, match="unknown drafter 'nope'"):
+        parse_drafter("nope", list(reg.models))
     with pytest.raises(SpecvizError, match="early-exit layers"):
-        parse_drafter("early-exit:x", reg)
+        parse_drafter("early-exit:x", list(reg.models))
     with pytest.raises(SpecvizError, match="early-exit layers must be between"):
         build_pipeline(reg, target="tiny-target", drafter="early-exit:9", device="cpu")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .events import IterationEvent
-from .trace import Trace
+from ..events import IterationEvent
+from ..trace import Trace
 
 COLORS = {"accepted": "#2e9e5b", "rejected": "#d64545", "resample": "#e08a1e", "bonus": "#3b7dd8",
           "spec": "#7b4fd1", "vanilla": "#8a8a8a", "theory": "#c0392b", "draft": "#e0b41e",
@@ -41,8 +41,8 @@ def accepted_length_figure(trace: Trace) -> go.Figure:
     ks = list(range(len(observed)))
     fig = go.Figure()
     fig.add_bar(x=ks, y=observed, name="measured", marker_color=COLORS["accepted"])
-    a = trace.acceptance_rate
-    fig.add_scatter(x=ks, y=expected, mode="lines+markers", name=f"theory (a = {a:.2f})" if a is not None else "theory",
+    a = trace.alpha
+    fig.add_scatter(x=ks, y=expected, mode="lines+markers", name=f"theory (α = {a:.2f})" if a is not None else "theory",
                     line={"color": COLORS["theory"], "dash": "dot"})
     return _layout(fig, "Accepted length per iteration", "draft tokens kept (k)", "iterations")
 

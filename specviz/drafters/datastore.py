@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import SpecvizError
+from ..errors import SpecvizError
 
 SEP = -1  # between stored sequences: no n-gram or continuation crosses it
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import re
 
-from .events import IterationEvent
+from ..events import IterationEvent
 
 _SPECIAL = re.compile(r"^<[|｜]?[A-Za-z_/][^<>]*[|｜]?>$")
 
@@ -21,16 +21,17 @@ LEGEND = (
     '<span class="sv-tok sv-res">resampled</span> the target\'s correction, drawn from norm(max(0, p &minus; q)) '
     '<span class="sv-tok sv-bonus">bonus</span> free extra token when all were kept, drawn from p '
     '<span class="sv-tok sv-plain">plain</span> target step with no proposal. '
-    'A box is one iteration (one target pass); hover a token for p, q, min(1, p/q) and the draw u.'
+    'A box is one iteration (one target pass); hover (or tap) a token for p, q, min(1, p/q) and the draw u.'
     '</div>')
 
 
-def show(piece: str) -> str:
-    """Escaped, with whitespace made visible where it would vanish."""
+def show(piece: str, breaks: bool = True) -> str:
+    """Escaped, with whitespace made visible where it would vanish. ``breaks=False`` (discarded
+    proposals): a newline shows as its mark only, so text that was never emitted breaks no line."""
     if piece == "":
         return '<span class="sv-ws">&empty;</span>'
     out = html.escape(piece)
-    out = out.replace("\n", '<span class="sv-ws">&crarr;</span>\n').replace("\t", '<span class="sv-ws">&rarr;</span>\t')
+    out = out.replace("\n", '<span class="sv-ws">&crarr;</span>' + ("\n" if breaks else "")).replace("\t", '<span class="sv-ws">&rarr;</span>\t')
     if piece.strip() == "":
         out = out.replace(" ", '<span class="sv-ws">&middot;</span>') if "\n" not in piece else out
     return out
@@ -75,7 +76,8 @@ def is_special(piece: str) -> bool:
 
 def _tok(cls: str, piece: str, title: str) -> str:
     special = " sv-special" if is_special(piece) else ""
-    return f'<span class="sv-tok {cls}{special}" title="{_attr(title)}">{show(piece)}</span>'
+    emitted = cls not in ("sv-rej", "sv-skip")
+    return f'<span class="sv-tok {cls}{special}" title="{_attr(title)}">{show(piece, emitted)}</span>'
 
 
 def iteration_html(e: IterationEvent) -> str:

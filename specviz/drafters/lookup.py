@@ -1,117 +1,18 @@
-"""Drafters: whatever proposes tokens for the target to verify.
-
-The protocol is two verbs (after transformers' candidate generators):
-  ``propose(ids, max_tokens, sampling, generator) -> Proposal``  the next tokens and their q;
-  ``commit(ids)``  the verified sequence, so the drafter can roll its own state back.
-``reset(prompt_ids)`` starts a new run.  A proposal may be empty: the engine then takes a plain
-target step (used when a drafter has nothing worth proposing).
-"""
+"""Prompt lookup (n-gram) drafting, cost-aware, optionally backed by a datastore of the target's
+own earlier answers (:mod:`specviz.drafters.datastore`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from .errors import SpecvizError
-from .lm import CachedLM, Timer, early_exit_view
-from .sampling import SamplingConfig, logits_to_probs, sample
-
-
-@dataclass
-class Proposal:
-    tokens: list[int]
-    q_rows: torch.Tensor | None  # (gamma, V) distributions the tokens were drawn from; None = one-hot
-    q_raw: list[float] = field(default_factory=list)  # softmax (T=1) prob of each token, for display
-    reason: str = ""  # why this many tokens (shown in the UI)
-    draft_ms: float = 0.0
-
-
-class Drafter:
-    kind = "base"
-    name = "drafter"
-    wants_costs = False  # True: the engine measures verify costs and sets ``costs`` before a run
-    costs: list[float] | None = None
-
-    def reset(self, prompt_ids: list[int]) -> None:  # pragma: no cover - interface
-        pass
-
-    def propose(self, ids: list[int], max_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None) -> Proposal:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def commit(self, ids: list[int]) -> None:
-        pass
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        """How the last proposal fared (for drafters that adapt their length)."""
-
-    def describe(self) -> dict:
-        return {"kind": self.kind, "name": self.name}
-
-
-class ModelDrafter(Drafter):
-    """A small causal LM sharing the target's tokenizer, decoding autoregressively with its own cache."""
-
-    kind = "model"
-
-    def __init__(self, model: torch.nn.Module, name: str = "draft model", vocab_size: int | None = None):
-        self.lm = CachedLM(model, vocab_size)
-        self.name = name
-        self._seq: list[int] = []  # tokens whose KV is in the draft cache, in order
-
-    def reset(self, prompt_ids: list[int]) -> None:
-        self.lm.reset()
-        self._seq = []
-        if len(prompt_ids) > 1:  # prefill now, so it counts as prefill and not as drafting
-            self.lm.feed(list(prompt_ids[:-1]), keep_logits=1)
-            self._seq = list(prompt_ids[:-1])
-
-    def _sync(self, ids: list[int]) -> None:
-        """Roll the cache back to the longest prefix it shares with ``ids``."""
-        n = 0
-        limit = min(len(self._seq), len(ids) - 1)
-        while n < limit and self._seq[n] == ids[n]:
-            n += 1
-        self.lm.rollback(n)
-        del self._seq[n:]
-
-    def propose(self, ids, max_tokens, sampling, generator) -> Proposal:
-        if max_tokens <= 0:
-            return Proposal([], None, [], "no room left")
-        tokens: list[int] = []
-        q_rows: list[torch.Tensor] = []
-        q_raw: list[float] = []
-        with Timer(self.lm.device) as t:
-            self._sync(ids)
-            pending = list(ids[len(self._seq):])
-            for _ in range(max_tokens):
-                logits = self.lm.feed(pending, keep_logits=1)[-1]
-                self._seq.extend(pending)
-                q = logits_to_probs(logits, sampling)
-                x = sample(q, generator)
-                tokens.append(x)
-                q_rows.append(q)
-                q_raw.append(float(logits.softmax(-1)[x]))
-                pending = [x]
-        return Proposal(tokens, torch.stack(q_rows), q_raw, f"{max_tokens} draft steps", t.ms)
-
-    def commit(self, ids: list[int]) -> None:
-        self._sync(ids)
-
-
-class EarlyExitDrafter(ModelDrafter):
-    """The target's own first L layers + final norm + head: a free draft with a real q."""
-
-    kind = "early_exit"
-
-    def __init__(self, target_model: torch.nn.Module, layers: int, vocab_size: int | None = None):
-        super().__init__(early_exit_view(target_model, layers), f"early exit @ layer {layers}", vocab_size)
-        self.layers = layers
-
-    def describe(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "layers": self.layers}
+from ..backends.base import Timer
+from ..errors import SpecvizError
+from .base import Drafter, DrafterKind, Proposal, whole
+from .datastore import load_datastore
 
 
 class PromptLookupDrafter(Drafter):
@@ -284,3 +185,37 @@ class PromptLookupDrafter(Drafter):
         if self.datastore is not None:
             d["datastore_tokens"] = len(self.datastore)
         return d
+
+
+class LookupKind(DrafterKind):
+    name = "prompt_lookup"
+    aliases = ("lookup", "prompt-lookup", "prompt_lookup")
+    choices = ("lookup",)
+    source = "the prompt and output so far"
+
+    def parse(self, arg: str) -> dict:
+        return {"kind": self.name, "max_ngram": whole(arg or 4, "lookup n-gram size")}
+
+    def check(self, spec: dict, where: str, base: Path | None = None) -> dict:
+        for key in ("max_ngram", "min_ngram"):
+            if key in spec and not (isinstance(spec[key], int) and spec[key] >= 1):
+                raise SpecvizError(f"{where}: {key} must be a whole number >= 1")
+        if "datastore" in spec:
+            path = Path(os.path.expanduser(str(spec["datastore"])))
+            spec["datastore"] = str(path if path.is_absolute() or base is None else base / path)
+        return spec
+
+    def build(self, spec, target, draft) -> Drafter:
+        store = None
+        vocab = len(target.tokenizer)
+        if spec.get("datastore"):
+            store = load_datastore(spec["datastore"])
+            made_for = store.meta.get("vocab_size")
+            if made_for is not None and made_for != vocab:
+                raise SpecvizError(f"datastore {spec['datastore']} was built for a vocabulary of "
+                                   f"{made_for} tokens; {target.name} has {vocab}")
+        return PromptLookupDrafter(int(spec.get("max_ngram", 4)), int(spec.get("min_ngram", 1)),
+                                   bool(spec.get("adaptive", True)), datastore=store)
+
+    def peer(self, drafter, gamma, draft):
+        return {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 2}

@@ -1,0 +1,271 @@
+"""The transformers backend: a causal LM plus its KV cache behind the :class:`~specviz.backends.base.Target`
+verbs, and loading models and tokenizers (device, dtype, a cache across runs).
+
+Invariant kept by the engine: the cache holds the first ``cached`` tokens of the running
+sequence; ``feed`` appends tokens and returns their logits; ``rollback`` crops rejected
+positions off the end (no recomputation of the prefix).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import DynamicCache
+
+from ..errors import SpecvizError
+from .base import Timer
+from .cpu_kernels import enable_cpu_gqa, pack_linears
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..registry import ModelSpec, Source
+
+_COSTS: dict[tuple, list[float]] = {}
+
+
+def model_eos_ids(model: torch.nn.Module, tokenizer=None) -> set[int]:
+    """End-of-sequence ids from the tokenizer and the model's generation/config settings."""
+    ids: set[int] = set()
+    for src in (getattr(tokenizer, "eos_token_id", None),
+                getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+                getattr(getattr(model, "config", None), "eos_token_id", None)):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(i) for i in src)
+    return ids
+
+
+class CachedLM:
+    """A transformers causal LM and its KV cache: the transformers implementation of ``Target``
+    (drafters that run a model use it too)."""
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None, eos: set[int] | None = None,
+                 info: dict | None = None):
+        self.model = model
+        self.config = model.config
+        self.device = next(model.parameters()).device
+        out_features = model.get_output_embeddings().weight.shape[0]
+        # slice logits to the vocabulary shared with the tokenizer / the other model
+        self.vocab_size = min(vocab_size or out_features, out_features)
+        self._eos = set(eos) if eos is not None else model_eos_ids(model)
+        self._info = dict(info or {})
+        self.cache: DynamicCache | None = None
+        self.cached = 0
+
+    @property
+    def context_length(self) -> int:
+        text_cfg = getattr(self.config, "get_text_config", lambda: self.config)()
+        return int(getattr(text_cfg, "max_position_embeddings", 0) or 1 << 30)
+
+    @property
+    def eos_ids(self) -> set[int]:
+        return self._eos
+
+    def describe(self) -> dict:
+        return dict(self._info) or {"device": str(self.device),
+                                    "dtype": str(next(self.model.parameters()).dtype).replace("torch.", "")}
+
+    def timer(self) -> Timer:
+        return Timer(self.device)
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.config)
+        self.cache.activate_past_recording()  # sliding-window layers must stay croppable
+        self.cached = 0
+
+    @torch.inference_mode()
+    def feed(self, tokens: list[int], keep_logits: int | None = None) -> torch.Tensor:
+        """Append ``tokens`` to the cache; return float32 CPU logits of the last ``keep_logits``
+        positions (all by default) as (n, vocab)."""
+        if self.cache is None:
+            self.reset()
+        n = len(tokens)
+        keep = n if keep_logits is None else keep_logits
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=keep)
+        self.cached += n
+        return out.logits[0, -keep:, : self.vocab_size].float().cpu()
+
+    def cost_profile(self, max_tokens: int, context: list[int]) -> list[float]:
+        """v[g]: the time of one forward pass over g + 1 tokens relative to a 1-token pass, for
+        g = 0..max_tokens - 1, measured on this model and device (once per process, then reused).
+
+        Cost-aware drafters use it to propose only what pays on this hardware. Leaves the cache empty."""
+        key = (id(self.model), str(self.device))
+        known = _COSTS.get(key, [])
+        if len(known) >= max_tokens:
+            return known[:max_tokens]
+        ctx = list(context[:64]) or [0]
+        self.reset()
+        self.feed(ctx, keep_logits=1)
+        ms: dict[int, list[float]] = {}
+        probe = (ctx * (max_tokens // len(ctx) + 1))[:max_tokens]
+        for _ in range(3):
+            for n in range(1, max_tokens + 1):
+                with Timer(self.device) as t:
+                    self.feed(probe[:n])
+                self.rollback(len(ctx))
+                ms.setdefault(n, []).append(t.ms)
+        med = [sorted(ms[n])[1] for n in range(1, max_tokens + 1)]
+        costs = [m / med[0] for m in med]
+        _COSTS[key] = costs
+        self.reset()
+        return costs
+
+    def rollback(self, length: int) -> None:
+        """Keep only the first ``length`` cached positions."""
+        drop = self.cached - length
+        if drop > 0:
+            self.cache.crop(-drop)
+            self.cached = length
+
+
+def early_exit_view(model: torch.nn.Module, layers: int) -> torch.nn.Module:
+    """The target's first ``layers`` decoder layers + its final norm + its head, sharing weights.
+
+    No extra parameters: a shallow structural copy whose layer list is truncated.
+    """
+    inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    total = len(inner.layers)
+    if not 1 <= layers < total:
+        raise SpecvizError(f"early-exit layers must be between 1 and {total - 1}, got {layers}")
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = layers
+    for key in ("layer_types",):
+        if getattr(config, key, None) is not None:
+            setattr(config, key, list(getattr(config, key))[:layers])
+    view_inner = copy.copy(inner)
+    view_inner._modules = dict(inner._modules)
+    view_inner.layers = torch.nn.ModuleList(list(inner.layers)[:layers])
+    view_inner.config = config
+    view = copy.copy(model)
+    view._modules = dict(model._modules)
+    for name, child in model._modules.items():
+        if child is inner:
+            view._modules[name] = view_inner
+    view.config = config
+    return view
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device in (None, "", "auto"):
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecvizError("device cuda was asked for, but no CUDA GPU is available")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise SpecvizError("device mps was asked for, but it is not available")
+    if device not in ("cpu", "mps") and not device.startswith("cuda"):
+        raise SpecvizError(f"unknown device {device!r} (use auto, cpu, cuda or mps)")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype in (None, "", "auto"):
+        return torch.float32 if device.type == "cpu" else (torch.bfloat16 if device.type == "cuda" else torch.float16)
+    if dtype not in DTYPES:
+        raise SpecvizError(f"unknown dtype {dtype!r} (use auto, float32, bfloat16 or float16)")
+    return DTYPES[dtype]
+
+
+@dataclass
+class Loaded:
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    source: str
+    device: torch.device
+    dtype: torch.dtype
+    kernels: str = "torch"  # "mkl-packed" when specviz.kernels packed the CPU linears at load
+
+    def info(self) -> dict:
+        n = sum(p.numel() for p in self.model.parameters())
+        return {"name": self.name, "source": self.source, "device": str(self.device),
+                "dtype": str(self.dtype).replace("torch.", ""), "parameters": n,
+                "kernels": self.kernels}
+
+
+_CACHE: dict[tuple, Loaded] = {}
+_MAX_CACHED = 3
+_LOCK = threading.Lock()  # one load at a time: a start-up preload and a first click share it
+
+
+def _quiet():
+    """GGUF dequantisation prints progress bars and warnings; keep the CLI's output clean."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    return stack
+
+
+def load_model(spec: "ModelSpec", device: str = "auto", dtype: str = "auto", quiet: bool = True) -> Loaded:
+    """Load (or reuse) a model and its tokenizer."""
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    src = spec.pick_source()
+    key = (spec.name, src, str(dev), str(dt))
+    with _LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+        loaded = _load_source(spec.name, src, dev, dt, quiet)
+        if len(_CACHE) >= _MAX_CACHED:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = loaded
+        return loaded
+
+
+def is_loaded(spec: "ModelSpec", device: str = "auto", dtype: str = "auto") -> bool:
+    dev = pick_device(device)
+    src = spec.offline_source() or spec.pick_source()
+    return (spec.name, src, str(dev), str(pick_dtype(dtype, dev))) in _CACHE
+
+
+def _load_source(name: str, src: "Source", dev: torch.device, dt: torch.dtype, quiet: bool) -> Loaded:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    resolved = src.resolve()
+    folder, gguf = resolved if resolved else (src.ref, None)
+    kwargs = {"gguf_file": gguf} if gguf else {}
+    try:
+        with (_quiet() if quiet else contextlib.nullcontext()):
+            tok = AutoTokenizer.from_pretrained(folder, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dt, **kwargs)
+    except (OSError, ValueError, ImportError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SpecvizError(f"could not load model {name!r} from {src.describe()}: {first}") from None
+    model = model.to(dev).eval()
+    packed = pack_linears(model)
+    if dev.type == "cpu":
+        enable_cpu_gqa()
+    return Loaded(name, model, tok, src.describe(), dev, dt, "mkl-packed" if packed else "torch")
+
+
+def check_tokenizers(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """A draft model must share the target's tokenizer: the same vocabulary, id for id."""
+    if target_tok is draft_tok:
+        return
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv != dv:
+        only_t = len(set(tv.items()) - set(dv.items()))
+        only_d = len(set(dv.items()) - set(tv.items()))
+        raise SpecvizError(
+            f"tokenizers of {target_name!r} and {draft_name!r} differ ({only_t} entries only in the "
+            f"target's, {only_d} only in the draft's); a draft must share the target's tokenizer")
+
+

@@ -1,0 +1,149 @@
+"""Markdown and HTML text of a run: status lines, the summary table, the plain output panel.
+
+Every string that comes from a model, a registry or a saved file goes through ``md`` (Markdown)
+or ``html.escape`` before it is shown: a crafted run file cannot add markup to the page.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+from ..exactness import Exactness, first_difference
+from ..trace import Trace, compare_speed
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+
+
+def md(value, limit: int = 200) -> str:
+    """Untrusted text as inert Markdown: HTML escaped, Markdown punctuation backslashed, one line."""
+    text = str(value if value is not None else "?")
+    text = " ".join(text.split())[:limit]
+    return _MD_SPECIAL.sub(r"\\\1", html.escape(text, quote=True))
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def rate(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def running_status(spec: Trace, vanilla: Trace | None, phase: str) -> str:
+    if phase == "vanilla" and vanilla is not None:
+        target = spec.tokens or (vanilla.start.max_new_tokens if vanilla.start else 0)
+        return (f"● vanilla decoding of the same prompt, for comparison: {vanilla.tokens} of {target} tokens, "
+                f"{vanilla.tokens_per_second:.1f} tok/s (speculative: {spec.tokens_per_second:.1f} tok/s)")
+    return (f"● speculative decoding: {plural(spec.tokens, 'token')}, {plural(len(spec.iterations), 'iteration')}, "
+            f"acceptance {rate(spec.acceptance_rate)}, {spec.tokens_per_second:.1f} tok/s")
+
+
+def final_status(spec: Trace, vanilla: Trace | None, stopped: bool) -> str:
+    if stopped:
+        what = f"■ stopped after {plural(spec.tokens, 'token')}"
+        if vanilla is not None and vanilla.iterations and not vanilla.summary:
+            what += f" (vanilla comparison stopped after {plural(vanilla.tokens, 'token')})"
+        return what + ": the results below are for what ran"
+    s = spec.summary
+    return f"■ done: {plural(s.new_tokens, 'token')}, stop: {md(s.stop_reason)}" if s else "■ done"
+
+
+def guidance(spec: Trace) -> str:
+    """One line when a run proposed little, saying why and what to try instead."""
+    if not spec.iterations or spec.start is None:
+        return ""
+    proposing = sum(1 for e in spec.iterations if e.proposed)
+    if proposing >= max(2, len(spec.iterations) // 4):
+        return ""
+    kind = str(spec.start.drafter.get("kind", ""))
+    if kind == "prompt_lookup":
+        why = (f"The lookup drafter proposed in only {proposing} of {len(spec.iterations)} iterations: it proposes "
+               "when the text so far (or the model's past answers) has something to copy, and this answer had little.")
+    else:
+        why = f"The drafter proposed in only {proposing} of {len(spec.iterations)} iterations."
+    return (why + " Try the **summarise** or **translation** example (copy-heavy: long accepted runs), or the "
+            "**early-exit** pair to watch rejections and resampling.")
+
+
+def summary_markdown(spec: Trace, vanilla: Trace | None, exact: Exactness | None = None,
+                     stopped: bool = False) -> str:
+    if spec.start is None:
+        return ""
+    s = spec.start
+    tgt, drf = s.target or {}, s.draft or {}
+    lines = [f"**Target** `{md(tgt.get('name'))}` on **{md(tgt.get('device'))}** ({md(tgt.get('dtype'))}) · "
+             f"**drafter** {md(s.drafter.get('name'))}"
+             + (f" on {md(drf.get('device'))} ({md(drf.get('dtype'))})" if drf.get("device") else "")]
+    if stopped:
+        lines += ["", "*Stopped: these numbers cover what ran before Stop.*"]
+    van = vanilla if vanilla is not None and vanilla.iterations else None
+    lines += ["", "| measure | speculative | vanilla |", "|:---|---:|---:|",
+              f"| tokens | {spec.tokens} | {van.tokens if van else '-'} |",
+              f"| target passes (iterations) | {len(spec.iterations)} | {len(van.iterations) if van else '-'} |",
+              f"| tokens / s | {spec.tokens_per_second:.1f} | {f'{van.tokens_per_second:.1f}' if van else '-'} |",
+              f"| acceptance: kept / proposed | {rate(spec.acceptance_rate)} | |",
+              f"| per-position acceptance α: kept / examined | {rate(spec.alpha)} | |",
+              f"| tokens per iteration | {spec.tokens / max(1, len(spec.iterations)):.2f} | 1 |"]
+    if van and van.summary and spec.summary:
+        cmp = compare_speed(spec, van)
+        lines.append(f"| **speedup** (measured, prefill included) | **{cmp.speedup:.2f}x** | 1x |")
+        lines.append(f"| decode speedup: measured / theory from α, c, v | {cmp.decode_speedup:.2f}x / "
+                     f"{cmp.predicted:.2f}x | |")
+        lines.append(f"| draft cost c, verify cost v (vs one vanilla step) | c = {cmp.c:.3f}, v = "
+                     + ", ".join(f"{v:.2f} @ {g}" for g, v in sorted(cmp.v.items())) + " | |")
+    if s.costs:
+        v = s.costs.get("v") or []
+        lines += ["", f"Cost profile ({md(s.costs.get('source'))}): v = "
+                  + ", ".join(f"{float(x):.2f}" for x in v[:9] if isinstance(x, (int, float)))
+                  + ("…" if len(v) > 9 else "") + " for 1, 2, 3… tokens per pass. Pin it (`--costs`, or "
+                  "*reference costs* in the page) and the same seed gives the same output on any machine."]
+    if spec.summary is not None:
+        lines += ["", f"Timings are the decoders' own: the {spec.summary.consumer_ms / 1000:.2f} s this page spent "
+                      "drawing between iterations is left out, for both runs. One run is one sample: on a busy "
+                      "machine the speedup of identical runs varies by ±20% or more; `python -m specviz bench` "
+                      "repeats and pairs runs."]
+    if exact is not None:
+        if spec.greedy:
+            verdict = "**identical to vanilla**, token for token" if exact.identical else f"**{md(exact.describe())}**"
+        else:
+            verdict = ("sampled run: outputs differ by design (same distribution, different draws); "
+                       "the Lab's *Same outputs?* experiment tests the distribution")
+        lines += ["", f"Greedy check: {verdict}"]
+    tip = guidance(spec)
+    if tip:
+        lines += ["", "💡 " + tip]
+    return "\n".join(lines)
+
+
+def _pieces_html(pieces: list[str], mark: int | None) -> str:
+    out = []
+    for i, piece in enumerate(pieces):
+        text = html.escape(piece)
+        out.append(f'<mark class="sv-diverge" title="the two outputs part here">{text or "∅"}</mark>'
+                   if i == mark else text)
+    return "".join(out)
+
+
+def output_html(spec: Trace, vanilla: Trace | None) -> str:
+    """The plain output: speculative and vanilla side by side, the first token where they part marked."""
+    spec_pieces = [p for e in spec.iterations for p in e.emitted_text]
+    cols = [("speculative", spec_pieces, spec.output_ids)]
+    if vanilla is not None and vanilla.iterations:
+        cols.append(("vanilla", [p for e in vanilla.iterations for p in e.emitted_text], vanilla.output_ids))
+    mark = None
+    note = ""
+    if len(cols) == 2:
+        mark = first_difference(cols[0][2], cols[1][2])
+        done = vanilla.summary is not None and spec.summary is not None
+        if mark is not None and (done or mark < min(len(cols[0][2]), len(cols[1][2]))):
+            note = f"<p class='sv-out-note'>The outputs part at new token {mark} (marked).</p>"
+        elif done:
+            note = "<p class='sv-out-note'>Identical outputs, token for token.</p>"
+            mark = None
+        else:
+            mark = None
+    body = "".join(f"<div class='sv-out-col'><div class='sv-out-head'>{name} · {len(ids)} tokens</div>"
+                   f"<div class='sv-out-text'>{_pieces_html(pieces, mark)}</div></div>"
+                   for name, pieces, ids in cols)
+    return f"<div class='sv-out'>{body}</div>{note}"
