@@ -59,8 +59,7 @@ def _error(message: str) -> dict:
 def _updates(frame: Frame | None) -> dict:
     if frame is None:
         return {}
-    out = {C[k]: (gr.update(**v) if k == "iteration" else v) for k, v in frame.updates().items()}
-    return out
+    return {C[k]: (gr.update(**v) if k == "iteration" else v) for k, v in frame.updates().items()}
 
 
 @gpu
@@ -93,7 +92,9 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
         stream = RUNNER.turns(lambda: live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla)),
                               on_wait=waiting)
         for item in stream:
-            yield item if isinstance(item, dict) else _updates(maker.add(item))
+            update = item if isinstance(item, dict) else _updates(maker.add(item))
+            if update:
+                yield update
     except SpecvizError as e:
         yield _error(str(e))
     except MemoryError:

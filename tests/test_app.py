@@ -1,6 +1,7 @@
-"""The Gradio app: build without launching, handlers end to end on tiny models, the served
-API through gradio_client, and a real browser (Playwright + Debian's chromium)."""
+"""The Gradio app: build without launching, handlers end to end on tiny models, replay safety,
+the served API through gradio_client, and a real browser (Playwright + Debian's chromium)."""
 
+import html
 import json
 import shutil
 import socket
@@ -14,67 +15,188 @@ from specviz.registry import load_registry
 
 
 @pytest.fixture()
-def tiny_app(tiny_registry, monkeypatch):
+def tiny_app(tiny_registry, monkeypatch, tmp_path):
     monkeypatch.setattr(app_module, "REGISTRY", load_registry(tiny_registry))
+    uploads = tmp_path / "uploads"
+    uploads.mkdir()
+    monkeypatch.setattr(app_module.gr.utils, "get_upload_folder", lambda: str(uploads))
+    app_module.uploads = uploads
     return app_module
 
 
 def args(pair="tiny-draft", prompt="abc abc abc", gamma=4, temperature=0.0, top_k=0, top_p=1.0,
-         max_new=24, seed=0, vanilla=True, target=None, drafter=None):
+         max_new=24, seed=0, vanilla=True, target=None, drafter=None, costs="measured"):
     return [pair, target or app_module.PAIR_CHOICE, drafter or app_module.PAIR_CHOICE, prompt, True, gamma,
-            temperature, top_k, top_p, max_new, seed, vanilla]
+            temperature, top_k, top_p, max_new, seed, costs, vanilla]
+
+
+def named(update: dict) -> dict:
+    """A handler's {component: value} as {name: value}."""
+    names = {id(c): k for k, c in app_module.C.items()}
+    return {names[id(c)]: v for c, v in update.items()}
+
+
+def plain(markdown: str) -> str:
+    """Escaped Markdown as the reader sees it."""
+    return html.unescape(markdown.replace("\\", ""))
+
+
+def final_of(frames) -> dict:
+    """The last value of every output over a stream of updates."""
+    out = {}
+    for f in frames:
+        out.update(named(f))
+    return out
 
 
 def test_demo_builds_without_launching():
     assert app_module.demo is not None
     names = {fn.name for fn in app_module.demo.fns.values()}
-    assert {"run_decoding", "replay", "inspector"} <= names
+    assert {"run_decoding", "replay", "stopped", "inspect"} <= names
 
 
 def test_handler_streams_and_summarises(tiny_app):
     frames = list(tiny_app.run_decoding(*args()))
     assert len(frames) >= 4  # loading/prefill, several iterations, the end
-    assert all(len(f) == len(tiny_app.OUTPUT_NAMES) for f in frames)
-    last = dict(zip(tiny_app.OUTPUT_NAMES, frames[-1]))
+    assert all(f for f in frames)  # no empty updates are sent
+    last = final_of(frames)
     assert "done" in last["status"]
     assert "identical to vanilla" in last["summary"]
+    assert "per-position acceptance α" in last["summary"]
     assert 'class="sv-tok sv-acc' in last["tokens"] or 'class="sv-tok sv-res' in last["tokens"]
     runs = last["runs"]
-    saved = json.load(open(last["download"]))
+    saved = json.load(open(last["export"]))
     assert saved["speculative"][-1]["output_ids"] == runs["spec"].output_ids == runs["vanilla"].output_ids
-    # the inspector shows any iteration
-    html_, fig = tiny_app.inspector(runs, 1)
+    assert last["result"]["identical"] is True and last["result"]["tokens"] == runs["spec"].tokens
+    assert "Identical outputs" in last["output"] and "vanilla" in last["output"]
+    html_, fig = tiny_app.inspect(runs, 1)
     assert "Iteration 1" in html_ and fig is not None
 
 
-def test_replay_needs_no_model(tiny_app, monkeypatch, tmp_path):
-    last = dict(zip(tiny_app.OUTPUT_NAMES, list(tiny_app.run_decoding(*args()))[-1]))
+def _upload(tiny_app, content: str, name="run.json") -> str:
+    """What gradio does with an upload: the content, in a new folder inside its upload folder."""
+    dest = tiny_app.uploads / f"u{time.time_ns()}" / name
+    dest.parent.mkdir()
+    dest.write_text(content)
+    return str(dest)
+
+
+def test_replay_needs_no_model(tiny_app, monkeypatch):
+    last = final_of(tiny_app.run_decoding(*args()))
     monkeypatch.setattr(app_module, "build_pipeline", lambda *a, **k: pytest.fail("replay loaded a model"))
-    frames = list(tiny_app.replay(last["download"]))
-    final = dict(zip(tiny_app.OUTPUT_NAMES, frames[-1]))
+    final = final_of(tiny_app.replay(_upload(tiny_app, open(last["export"]).read())))
     assert "replayed" in final["status"] and final["runs"]["spec"].output_ids == last["runs"]["spec"].output_ids
-    bad = tmp_path / "bad.json"
-    bad.write_text("{not json")
-    frames = list(tiny_app.replay(str(bad)))
-    assert "not a specviz run file" in frames[-1][0]
+    assert "Identical outputs" in final["output"]
+
+
+def test_replay_reads_only_uploads(tiny_app, tmp_path):
+    """A path outside the upload folder (another visitor's export, any server file, a missing
+    file) gets one and the same refusal: nothing is read, nothing about it is told."""
+    last = final_of(tiny_app.run_decoding(*args()))
+    other = tmp_path / "elsewhere.json"
+    shutil.copy(last["export"], other)
+    messages = set()
+    for path in (last["export"], str(other), str(tiny_app.uploads / "missing.json"), "/etc/passwd",
+                 str(tiny_app.uploads / ".." / "elsewhere.json")):
+        final = final_of(tiny_app.replay(path))
+        assert final["status"].startswith("**Error:**") and "runs" not in final
+        messages.add(final["status"])
+    assert len(messages) == 1 and "uploaded" in messages.pop()
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{not json", "not a specviz run file"),
+    ('{"speculative": "abc"}', "speculative: expected a list"),
+    ('{"nothing": []}', "no 'speculative' events"),
+])
+def test_malformed_files_get_specific_messages(tiny_app, content, needle):
+    final = final_of(tiny_app.replay(_upload(tiny_app, content)))
+    assert final["status"].startswith("**Error:**") and needle in plain(final["status"])
+
+
+def test_damaged_field_is_named(tiny_app):
+    last = final_of(tiny_app.run_decoding(*args()))
+    data = json.load(open(last["export"]))
+    data["speculative"][1]["proposed_text"] = 5
+    final = final_of(tiny_app.replay(_upload(tiny_app, json.dumps(data))))
+    assert "proposed_text" in plain(final["status"]) and "expected a list" in final["status"]
+
+
+EVIL = '<img src="http://198.51.100.1/x.png" onerror="alert(1)"><div style="position:fixed;inset:0">[x](http://e)'
+
+
+def _poison(value):
+    if isinstance(value, str):
+        return EVIL
+    if isinstance(value, list):
+        return [_poison(v) for v in value]
+    if isinstance(value, dict):
+        return {k: (v if k == "event" else _poison(v)) for k, v in value.items()}
+    return value
+
+
+def evil_run_file(tiny_app) -> str:
+    last = final_of(tiny_app.run_decoding(*args()))
+    data = json.load(open(last["export"]))
+    data["meta"]["saved"] = EVIL
+    for part in ("speculative", "vanilla"):
+        data[part] = [_poison(ev) for ev in data[part]]
+        for ev in data[part]:
+            if ev["event"] == "iteration":  # keep token lists aligned with their texts
+                ev["correction"]["kind"] = "resample" if ev["proposed"] else "sample"
+    return json.dumps(data)
+
+
+def test_replayed_html_is_inert(tiny_app):
+    final = final_of(tiny_app.replay(_upload(tiny_app, evil_run_file(tiny_app))))
+    assert "replayed" in final["status"]
+    for key in ("status", "summary", "tokens", "output", "inspect_html"):
+        text = final[key]
+        assert "<img" not in text and "<div style" not in text, key
+    for key in ("status", "summary"):  # Markdown: links are escaped too
+        assert "](http" not in final[key], key
 
 
 @pytest.mark.parametrize("kw,needle", [
-    ({"gamma": 0}, "gamma"), ({"temperature": -1}, "temperature"), ({"prompt": "  "}, "empty"),
-    ({"top_k": 1.5}, "top-k"), ({"max_new": None}, "max new tokens"), ({"pair": "tiny-mismatch"}, "tokenizers"),
-    ({"target": "hub-only"}, "could not load"),
+    ({"gamma": 0}, "gamma"), ({"temperature": -1}, "temperature"), ({"temperature": 1e-39}, "temperature"),
+    ({"prompt": "  "}, "empty"), ({"top_k": 1.5}, "top-k"), ({"max_new": None}, "max new tokens"),
+    ({"pair": "tiny-mismatch"}, "tokenizers"), ({"target": "hub-only"}, "could not load"),
 ])
 def test_bad_input_is_a_message_not_a_crash(tiny_app, kw, needle):
-    frames = list(tiny_app.run_decoding(*args(**kw)))
-    assert needle in frames[-1][0] and frames[-1][0].startswith("**Error:**")
+    final = final_of(tiny_app.run_decoding(*args(**kw)))
+    assert needle in plain(final["status"]) and final["status"].startswith("**Error:**")
 
 
 def test_sampled_run_and_custom_drafter(tiny_app):
-    frames = list(tiny_app.run_decoding(*args(temperature=0.9, top_k=10, seed=3, drafter="early-exit:2",
-                                              target="tiny-target")))
-    last = dict(zip(tiny_app.OUTPUT_NAMES, frames[-1]))
-    assert "error" not in last["status"].lower(), last["status"]
-    assert "outputs differ by design" in last["summary"]
+    final = final_of(tiny_app.run_decoding(*args(temperature=0.9, top_k=10, seed=3, drafter="early-exit:2",
+                                                 target="tiny-target")))
+    assert "error" not in final["status"].lower(), final["status"]
+    assert "outputs differ by design" in final["summary"]
+
+
+def test_stop_leaves_a_summary_of_what_ran(tiny_app):
+    gen = tiny_app.run_decoding(*args(max_new=60))
+    for _ in range(6):
+        next(gen)
+    gen.close()  # what gradio does on Stop
+    final = named(tiny_app.stopped())
+    assert final["status"].startswith("■ stopped after") and "token" in final["status"]
+    assert "Stopped" in final["summary"] and final["export"] and final["result"]["stopped"] is True
+    assert json.load(open(final["export"]))["speculative"][0]["event"] == "start"
+    assert final["iteration"]["maximum"] >= 1
+
+
+def test_exports_stay_bounded(tiny_app):
+    from specviz.trace import Trace
+
+    runs = final_of(tiny_app.run_decoding(*args(max_new=8, vanilla=False)))["runs"]
+    exports = app_module.Exports()
+    for i in range(100):
+        exports.save(f"session-{i % 3}", runs["spec"], None)
+    assert exports.count() <= 3 * 5
+    for i in range(100):
+        exports.save(f"visitor-{i}", runs["spec"], Trace())
+    assert exports.count() <= 200
 
 
 def free_port() -> int:
@@ -102,48 +224,102 @@ def test_served_api_streams_and_matches_cli(served, tiny_registry, capsys):
     outputs = job.outputs()
     final = job.result()
     assert len(outputs) >= 4  # it streamed
-    download = final[11]
-    path = download if isinstance(download, str) else download["path"] if isinstance(download, dict) else download.path
-    app_ids = json.load(open(path))["speculative"][-1]["output_ids"]
+    result = next(x for x in final if isinstance(x, dict) and "tokens" in x and "alpha" in x)
     code = cli_main(["run", "--models", str(tiny_registry), "--pair", "tiny-draft", "--prompt", "abc abc abc",
                      "--gamma", "4", "--max-new-tokens", "30", "--seed", "0", "--json"])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert code == 0 and summary["output_ids"] == app_ids
+    assert code == 0 and summary["text"] == result["text"] and summary["new_tokens"] == result["tokens"]
+
+
+def test_served_replay_refuses_a_server_path(served, tmp_path):
+    """Through the API, naming a file on the server (not an upload) replays nothing."""
+    from gradio_client import Client, handle_file
+
+    _, url = served
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"speculative": []}')
+    client = Client(url, verbose=False)
+    try:
+        out = client.predict({"path": str(secret), "meta": {"_type": "gradio.FileData"}}, api_name="/replay")
+    except Exception as e:  # gradio itself may refuse the path before the handler
+        assert "secret" not in str(e) or "not" in str(e)
+        return
+    assert "runs" not in str(out) and "Error" in str(out)
+    assert handle_file  # the supported way to send a file is an upload
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed and could not "
+                                    "be (scripts/setup.sh --dev installs it with apt-get)")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed and could not be "
-                    "(scripts/setup.sh --dev installs it with apt-get)")
-def test_browser_run_shows_tokens_and_stop_works(real_pipeline_factory, tmp_path):
-    """The real default pair in a real browser: Run, see kept/refused/corrected tokens, Stop."""
+@needs_chromium
+def test_browser_replay_of_a_crafted_file_is_inert(served, tiny_app, tmp_path):
     from playwright.sync_api import sync_playwright
 
-    real_pipeline_factory(app_module.DEFAULT_PAIR)  # weights loaded before the clock starts
+    _, url = served
+    path = tmp_path / "evil.json"
+    path.write_text(evil_run_file(tiny_app))
+    outside = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1300, "height": 900})
+        page.on("request", lambda r: outside.append(r.url) if "127.0.0.1" not in r.url and not r.url.startswith("data:") else None)
+        dialogs = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.goto(url)
+        page.wait_for_selector("#sv-run", timeout=60_000)
+        before = page.locator("img").count()
+        page.get_by_text("Replay a saved run").click()
+        page.locator("input[type=file]").set_input_files(str(path))
+        page.wait_for_function("document.querySelector('#sv-status')?.innerText.includes('replayed')", timeout=60_000)
+        time.sleep(1.0)
+        assert page.locator("img").count() == before
+        assert page.locator("div[style*='position:fixed']").count() == 0
+        assert not dialogs and not outside, (dialogs, outside)
+        browser.close()
+
+
+@needs_chromium
+def test_browser_run_output_hide_drafts_and_stop(real_pipeline_factory, tmp_path):
+    """The real default pair in a real browser: Run, see kept/refused/corrected tokens and the
+    output panel, the race chart grows before the end, hide drafts, Stop leaves a stopped page."""
+    from playwright.sync_api import sync_playwright
+
+    real_pipeline_factory(app_module.REGISTRY.default())  # weights loaded before the clock starts
     demo = app_module.build_demo()
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
                 **app_module.launch_kwargs())
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-                "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"])
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(f"http://127.0.0.1:{port}/")
             page.wait_for_selector("#sv-run", timeout=60_000)
             page.locator("#sv-prompt textarea").fill(app_module.EXAMPLES[1]["prompt"])
             page.click("#sv-run")
-            for cls in ("sv-acc", "sv-rej", "sv-res"):
+            page.wait_for_selector("#sv-tokens .sv-acc", timeout=90_000)
+            page.get_by_role("tab", name="Charts").click()
+            page.wait_for_selector(".js-plotly-plot .scatterlayer .trace", timeout=30_000)  # race chart, mid-run
+            assert "done" not in page.locator("#sv-status").inner_text()
+            for cls in ("sv-rej", "sv-res"):
                 page.wait_for_selector(f"#sv-tokens .{cls}", timeout=90_000)
+            page.locator("#sv-hide input").check()
+            assert page.locator("#sv-tokens .sv-rej").first.is_hidden()
+            page.get_by_role("tab", name="Output").click()
+            assert page.locator("#sv-output .sv-out-text").first.inner_text().strip()
             page.click("#sv-stop")
-            time.sleep(1.0)
+            page.wait_for_function("document.querySelector('#sv-status')?.innerText.includes('stopped after')",
+                                   timeout=30_000)
             n1 = page.locator("#sv-tokens .sv-it").count()
             time.sleep(2.0)
-            n2 = page.locator("#sv-tokens .sv-it").count()
-            assert n1 == n2 > 0  # nothing arrives after Stop
-            assert "done" not in page.locator("#sv-status").inner_text()
+            assert page.locator("#sv-tokens .sv-it").count() == n1 > 0  # nothing arrives after Stop
+            assert page.locator(".error, [data-testid='error']").count() == 0
+            page.get_by_role("tab", name="Summary").click()
+            assert "Stopped" in page.locator("#sv-summary").inner_text()
             page.screenshot(path=str(tmp_path / "stopped.png"))
             browser.close()
     finally:
