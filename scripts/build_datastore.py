@@ -21,9 +21,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specviz.datastore import save_datastore  # noqa: E402
+from specviz.drafters.datastore import save_datastore  # noqa: E402
 from specviz.engine import DecodeConfig  # noqa: E402
-from specviz.loading import build_pipeline  # noqa: E402
+from specviz.pipeline import build_pipeline  # noqa: E402
 from specviz.registry import load_registry  # noqa: E402
 
 TOPICS = [

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from specviz.drafters import ModelDrafter, PromptLookupDrafter  # noqa: E402
 from specviz.engine import DecodeConfig, speculative_decode, vanilla_decode  # noqa: E402
 from specviz.exactness import compare  # noqa: E402
-from specviz.lm import CachedLM  # noqa: E402
-from specviz.tiny import llama_from_config, synthetic_tokenizer  # noqa: E402
+from specviz.backends.transformers import CachedLM  # noqa: E402
+from tests.fixtures.tiny import llama_from_config, synthetic_tokenizer  # noqa: E402
 from specviz.trace import Trace  # noqa: E402
 
 SIZES = {  # SmolLM2 shapes

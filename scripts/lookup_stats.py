@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specviz.engine import DecodeConfig  # noqa: E402
-from specviz.loading import build_pipeline  # noqa: E402
+from specviz.pipeline import build_pipeline  # noqa: E402
 from specviz.registry import load_registry  # noqa: E402
 
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import app as app_module  # noqa: E402
 from specviz.engine import DecodeConfig  # noqa: E402
-from specviz.loading import build_pipeline  # noqa: E402
+from specviz.pipeline import build_pipeline  # noqa: E402
 from specviz.trace import Trace  # noqa: E402
 
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",

@@ -15,13 +15,18 @@ from specviz.registry import load_registry
 
 
 @pytest.fixture()
-def tiny_app(tiny_registry, monkeypatch, tmp_path):
+def tiny_app(tiny_registry, monkeypatch):
     monkeypatch.setattr(app_module, "REGISTRY", load_registry(tiny_registry))
-    uploads = tmp_path / "uploads"
-    uploads.mkdir()
-    monkeypatch.setattr(app_module.gr.utils, "get_upload_folder", lambda: str(uploads))
-    app_module.uploads = uploads
     return app_module
+
+
+@pytest.fixture()
+def uploads(tiny_app, monkeypatch, tmp_path):
+    """Handlers called directly: gradio's upload folder is a temporary folder of the test's."""
+    folder = tmp_path / "uploads"
+    folder.mkdir()
+    monkeypatch.setattr(app_module.gr.utils, "get_upload_folder", lambda: str(folder))
+    return folder
 
 
 def args(pair="tiny-draft", prompt="abc abc abc", gamma=4, temperature=0.0, top_k=0, top_p=1.0,
@@ -73,31 +78,31 @@ def test_handler_streams_and_summarises(tiny_app):
     assert "Iteration 1" in html_ and fig is not None
 
 
-def _upload(tiny_app, content: str, name="run.json") -> str:
+def _upload(folder, content: str, name="run.json") -> str:
     """What gradio does with an upload: the content, in a new folder inside its upload folder."""
-    dest = tiny_app.uploads / f"u{time.time_ns()}" / name
+    dest = folder / f"u{time.time_ns()}" / name
     dest.parent.mkdir()
     dest.write_text(content)
     return str(dest)
 
 
-def test_replay_needs_no_model(tiny_app, monkeypatch):
+def test_replay_needs_no_model(tiny_app, uploads, monkeypatch):
     last = final_of(tiny_app.run_decoding(*args()))
     monkeypatch.setattr(app_module, "build_pipeline", lambda *a, **k: pytest.fail("replay loaded a model"))
-    final = final_of(tiny_app.replay(_upload(tiny_app, open(last["export"]).read())))
+    final = final_of(tiny_app.replay(_upload(uploads, open(last["export"]).read())))
     assert "replayed" in final["status"] and final["runs"]["spec"].output_ids == last["runs"]["spec"].output_ids
     assert "Identical outputs" in final["output"]
 
 
-def test_replay_reads_only_uploads(tiny_app, tmp_path):
+def test_replay_reads_only_uploads(tiny_app, uploads, tmp_path):
     """A path outside the upload folder (another visitor's export, any server file, a missing
     file) gets one and the same refusal: nothing is read, nothing about it is told."""
     last = final_of(tiny_app.run_decoding(*args()))
     other = tmp_path / "elsewhere.json"
     shutil.copy(last["export"], other)
     messages = set()
-    for path in (last["export"], str(other), str(tiny_app.uploads / "missing.json"), "/etc/passwd",
-                 str(tiny_app.uploads / ".." / "elsewhere.json")):
+    for path in (last["export"], str(other), str(uploads / "missing.json"), "/etc/passwd",
+                 str(uploads / ".." / "elsewhere.json")):
         final = final_of(tiny_app.replay(path))
         assert final["status"].startswith("**Error:**") and "runs" not in final
         messages.add(final["status"])
@@ -109,16 +114,16 @@ def test_replay_reads_only_uploads(tiny_app, tmp_path):
     ('{"speculative": "abc"}', "speculative: expected a list"),
     ('{"nothing": []}', "no 'speculative' events"),
 ])
-def test_malformed_files_get_specific_messages(tiny_app, content, needle):
-    final = final_of(tiny_app.replay(_upload(tiny_app, content)))
+def test_malformed_files_get_specific_messages(tiny_app, uploads, content, needle):
+    final = final_of(tiny_app.replay(_upload(uploads, content)))
     assert final["status"].startswith("**Error:**") and needle in plain(final["status"])
 
 
-def test_damaged_field_is_named(tiny_app):
+def test_damaged_field_is_named(tiny_app, uploads):
     last = final_of(tiny_app.run_decoding(*args()))
     data = json.load(open(last["export"]))
     data["speculative"][1]["proposed_text"] = 5
-    final = final_of(tiny_app.replay(_upload(tiny_app, json.dumps(data))))
+    final = final_of(tiny_app.replay(_upload(uploads, json.dumps(data))))
     assert "proposed_text" in plain(final["status"]) and "expected a list" in final["status"]
 
 
@@ -147,8 +152,8 @@ def evil_run_file(tiny_app) -> str:
     return json.dumps(data)
 
 
-def test_replayed_html_is_inert(tiny_app):
-    final = final_of(tiny_app.replay(_upload(tiny_app, evil_run_file(tiny_app))))
+def test_replayed_html_is_inert(tiny_app, uploads):
+    final = final_of(tiny_app.replay(_upload(uploads, evil_run_file(tiny_app))))
     assert "replayed" in final["status"]
     for key in ("status", "summary", "tokens", "output", "inspect_html"):
         text = final[key]

@@ -1,0 +1,70 @@
+"""The gradio-free view: frames from a live run, throttled by the clock; text escaping."""
+
+from specviz.backends.transformers import CachedLM
+from specviz.drafters import ModelDrafter
+from specviz.engine import DecodeConfig, encode_prompt
+from specviz.view import text, tokens
+from specviz.view.frames import CHART_NAMES, FrameMaker, live_run
+
+
+class FakePipe:
+    def __init__(self, target_model, draft_model, tok):
+        self.target_lm = CachedLM(target_model, len(tok))
+        self.drafter = ModelDrafter(draft_model)
+        self.tok = tok
+
+    def encode(self, prompt, chat=True):
+        return encode_prompt(self.tok, prompt, chat)
+
+    def speculative(self, ids, cfg):
+        from specviz.engine import speculative_decode
+        return speculative_decode(self.target_lm, self.drafter, self.tok, ids, cfg)
+
+    def vanilla(self, ids, cfg):
+        from specviz.engine import vanilla_decode
+        return vanilla_decode(self.target_lm, self.tok, ids, cfg)
+
+
+def test_frames_stream_charts_for_both_runs_and_end_whole(target_model, draft_model, tok):
+    ticks = iter(range(10_000))
+    maker = FrameMaker(export=lambda s, v: "/saved.json", clock=lambda: next(ticks) * 0.3)
+    frames = [f for st in live_run(FakePipe(target_model, draft_model, tok), "abc abc", DecodeConfig(gamma=3, max_new_tokens=20))
+              if (f := maker.add(st)) is not None]
+    *live, last = frames
+    assert all("fig_throughput" in f.updates() for f in live if f.charts)
+    races = [f.charts["throughput"] for f in live if f.charts]
+    phases = {len(fig.data) for fig in races}
+    assert 2 in phases  # the race chart grew live for both runs, before the end
+    assert any("vanilla decoding" in (f.status or "") for f in live)  # vanilla's progress shown
+    done = last.updates()
+    assert {f"fig_{n}" for n in CHART_NAMES} <= set(done) and done["export"] == "/saved.json"
+    assert done["status"].startswith("■ done") and done["result"]["identical"] is True
+    assert done["iteration"]["maximum"] >= 1
+
+
+def test_stopped_frame_summarises_what_ran(target_model, draft_model, tok):
+    maker = FrameMaker()
+    stream = live_run(FakePipe(target_model, draft_model, tok), "abc abc", DecodeConfig(gamma=3, max_new_tokens=40))
+    for _, st in zip(range(5), stream):
+        maker.add(st)
+    stream.close()
+    frame = maker.stopped()
+    assert frame.status.startswith("■ stopped after") and "Stopped" in frame.summary
+    assert frame.result["stopped"] and frame.result["tokens"] == maker.latest.spec.tokens
+
+
+def test_markdown_and_html_escaping():
+    evil = "<img src=x onerror=alert(1)> [link](http://x) **b** `c`"
+    out = text.md(evil)
+    assert "<img" not in out and "](" not in out and "**" not in out and "`c`" not in out
+    assert "\n" not in text.md("a\nb")
+    assert "<img" not in tokens.show(evil)
+
+
+def test_discarded_newlines_break_no_line():
+    assert "\n" in tokens.show("\n") and "\n" not in tokens.show("\n", breaks=False)
+    assert "&crarr;" in tokens.show("\n", breaks=False)
+
+
+def test_plural_and_guidance_words():
+    assert text.plural(1, "token") == "1 token" and text.plural(2, "token") == "2 tokens"
