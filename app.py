@@ -43,7 +43,7 @@ LIVE: dict[str, FrameMaker] = {}  # session -> the frames of its current run (fo
 
 def pair_details(pair: str) -> tuple[str, int]:
     p = REGISTRY.pair(pair)
-    return (f"**{md(p.name)}**: {md(p.description, 300)} (target `{md(p.target)}`, drafter "
+    return (f"**{md(p.name)}**: {md(p.description, 300)} (target {md(p.target)}, drafter "
             f"{md(p.draft_model or p.drafter['kind'].replace('_', ' '))})", p.gamma)
 
 
@@ -152,6 +152,22 @@ with probability min(1, p/q), replaces the first refused one with a draw from no
 **bonus** token when all pass. The output is *exactly* the target's. Press **Run** and watch every iteration."""
 
 C: dict[str, gr.components.Component] = {}  # the page's outputs by name (a Frame's field names)
+SCROLL_TO_STATUS = ("(...a) => {document.getElementById('sv-status')?.scrollIntoView({block: 'start', "
+                    "behavior: 'smooth'}); return a;}")
+
+
+def try_case(kind: str):
+    """A one-click case worth watching: (button, (pair, prompt, temperature, gamma)), or None."""
+    if kind == "copy":
+        pair, label, prompt, temp = REGISTRY.default(), "Try: a copy-heavy summary (long accepted runs)", 1, 0.0
+    else:
+        pair = next((p.name for p, offline in REGISTRY.ordered_pairs()
+                     if offline and p.drafter.get("kind") == "early_exit"), None)
+        if pair is None:
+            return None
+        label, prompt, temp = "Try: early exit (rejections and resampling)", 0, 0.8
+    return (gr.Button(label, size="sm", elem_id=f"sv-try-{kind}"),
+            (pair, EXAMPLES[prompt]["prompt"], temp, REGISTRY.pair(pair).gamma))
 
 
 def build_demo() -> gr.Blocks:
@@ -169,6 +185,8 @@ def build_demo() -> gr.Blocks:
                 gr.Examples([[e["prompt"]] for e in EXAMPLES], inputs=[prompt], cache_examples=False,
                             label="Examples: chat, summary, code, maths, translation",
                             example_labels=[e["kind"] for e in EXAMPLES])
+                with gr.Row():
+                    tries = [b for b in (try_case("copy"), try_case("reject")) if b is not None]
                 with gr.Row():
                     run_btn = gr.Button("Run", variant="primary", elem_id="sv-run")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-stop")
@@ -219,10 +237,14 @@ def build_demo() -> gr.Blocks:
         outputs = list(C.values())
         inputs = [pair, target, drafter, prompt, chat, gamma, temperature, top_k, top_p, max_new, seed, costs,
                   with_vanilla]
-        run_event = run_btn.click(run_decoding, inputs, outputs, api_name="run", concurrency_limit=8,
-                                  concurrency_id="decode", show_progress="hidden",
-                                  js="(...a) => {document.getElementById('sv-status')?.scrollIntoView({block: 'start', behavior: 'smooth'}); return a;}")
-        stop_btn.click(stopped, None, outputs, cancels=[run_event], api_visibility="private")
+        run_kw = dict(concurrency_limit=8, concurrency_id="decode", show_progress="hidden")
+        run_event = run_btn.click(run_decoding, inputs, outputs, api_name="run", js=SCROLL_TO_STATUS, **run_kw)
+        runs = [run_event]
+        for button, values in tries:  # one click: set the inputs, then run
+            runs.append(button.click(lambda v=values: v, None, [pair, prompt, temperature, gamma],
+                                     api_visibility="private", js=SCROLL_TO_STATUS)
+                        .then(run_decoding, inputs, outputs, api_visibility="private", **run_kw))
+        stop_btn.click(stopped, None, outputs, cancels=runs, api_visibility="private")
         upload.upload(replay, [upload], outputs, api_name="replay", concurrency_limit=4)
         C["iteration"].change(inspect, [C["runs"], C["iteration"]], [C["inspect_html"], C["inspect_fig"]],
                               api_visibility="private", show_progress="hidden")

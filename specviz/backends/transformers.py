@@ -12,7 +12,10 @@ import contextlib
 import copy
 import io
 import logging
+import os
+import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -236,11 +239,36 @@ def is_loaded(spec: "ModelSpec", device: str = "auto", dtype: str = "auto") -> b
     return (spec.name, src, str(dev), str(pick_dtype(dtype, dev))) in _CACHE
 
 
+_HUB_CHECK: dict[str, tuple[float, bool]] = {}
+
+
+def hub_reachable(host: str = "huggingface.co") -> bool:
+    """Whether the Hub can be reached at all: False at once when offline (HF_HUB_OFFLINE, or the
+    name does not resolve), instead of a download that retries for most of a minute. Only a name
+    lookup, remembered for a minute."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    now = time.monotonic()
+    known = _HUB_CHECK.get(host)
+    if known and now - known[0] < 60:
+        return known[1]
+    try:
+        socket.getaddrinfo(host, 443)
+        ok = True
+    except OSError:
+        ok = False
+    _HUB_CHECK[host] = (now, ok)
+    return ok
+
+
 def _load_source(name: str, src: "Source", dev: torch.device, dt: torch.dtype, quiet: bool) -> Loaded:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     resolved = src.resolve()
     folder, gguf = resolved if resolved else (src.ref, None)
+    if resolved is None and src.kind == "hub" and not hub_reachable():
+        raise SpecvizError(f"could not load model {name!r}: it is only on the Hugging Face Hub ({src.ref}), "
+                           "which this machine cannot reach (offline); pick a pair marked offline")
     kwargs = {"gguf_file": gguf} if gguf else {}
     try:
         with (_quiet() if quiet else contextlib.nullcontext()):

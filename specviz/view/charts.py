@@ -15,8 +15,8 @@ COLORS = {"accepted": "#2e9e5b", "rejected": "#d64545", "resample": "#e08a1e", "
 
 def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 260) -> go.Figure:
     fig.update_layout(template="none", title={"text": title, "font": {"size": 14}}, height=height,
-                      margin={"l": 78, "r": 12, "t": 36, "b": 64}, xaxis_title=x, yaxis_title=y,
-                      legend={"orientation": "h", "y": -0.32, "x": 0, "yanchor": "top"},
+                      margin={"l": 78, "r": 12, "t": 36, "b": 84}, xaxis_title=x, yaxis_title=y,
+                      legend={"orientation": "h", "y": 0, "x": 0, "yanchor": "bottom", "yref": "container"},
                       font={"size": 11, "color": "#8c8c8c"},  # mid grey: readable on light and dark pages
                       paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
     grid = {"gridcolor": "rgba(140,140,140,0.3)", "zerolinecolor": "rgba(140,140,140,0.5)",

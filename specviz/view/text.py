@@ -50,9 +50,13 @@ def final_status(spec: Trace, vanilla: Trace | None, stopped: bool) -> str:
 
 
 def guidance(spec: Trace) -> str:
-    """One line when a run proposed little, saying why and what to try instead."""
+    """One line when a run proposed little (or ended at once), saying why and what to try instead."""
     if not spec.iterations or spec.start is None:
         return ""
+    if spec.summary is not None and spec.summary.stop_reason == "eos" and spec.tokens <= 2:
+        chat = "<|im_start|>" in spec.start.prompt_text or "assistant" in spec.start.prompt_text
+        return ("The model ended its answer at once." + ("" if chat else " The chat template is off: an "
+                "instruction-tuned model given a bare question often has nothing to continue; turn it on."))
     proposing = sum(1 for e in spec.iterations if e.proposed)
     if proposing >= max(2, len(spec.iterations) // 4):
         return ""
@@ -72,7 +76,7 @@ def summary_markdown(spec: Trace, vanilla: Trace | None, exact: Exactness | None
         return ""
     s = spec.start
     tgt, drf = s.target or {}, s.draft or {}
-    lines = [f"**Target** `{md(tgt.get('name'))}` on **{md(tgt.get('device'))}** ({md(tgt.get('dtype'))}) · "
+    lines = [f"**Target** {md(tgt.get('name'))} on **{md(tgt.get('device'))}** ({md(tgt.get('dtype'))}) · "
              f"**drafter** {md(s.drafter.get('name'))}"
              + (f" on {md(drf.get('device'))} ({md(drf.get('dtype'))})" if drf.get("device") else "")]
     if stopped:
@@ -143,7 +147,7 @@ def output_html(spec: Trace, vanilla: Trace | None) -> str:
             mark = None
         else:
             mark = None
-    body = "".join(f"<div class='sv-out-col'><div class='sv-out-head'>{name} · {len(ids)} tokens</div>"
+    body = "".join(f"<div class='sv-out-col'><div class='sv-out-head'>{name} · {plural(len(ids), 'token')}</div>"
                    f"<div class='sv-out-text'>{_pieces_html(pieces, mark)}</div></div>"
                    for name, pieces, ids in cols)
     return f"<div class='sv-out'>{body}</div>{note}"

@@ -77,7 +77,8 @@ def is_special(piece: str) -> bool:
 def _tok(cls: str, piece: str, title: str) -> str:
     special = " sv-special" if is_special(piece) else ""
     emitted = cls not in ("sv-rej", "sv-skip")
-    return f'<span class="sv-tok {cls}{special}" title="{_attr(title)}">{show(piece, emitted)}</span>'
+    return (f'<span class="sv-tok {cls}{special}" tabindex="0" title="{_attr(title)}">'
+            f'{show(piece, emitted)}</span>')
 
 
 def iteration_html(e: IterationEvent) -> str:
