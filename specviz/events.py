@@ -92,6 +92,7 @@ class SummaryEvent:
     stop_reason: str  # "eos" | "max_new_tokens" | "context" | "stopped"
     accepted_by_position: list[list[int]] = field(default_factory=list)  # [[kept, examined], ...]
     consumer_ms: float = 0.0  # time the consumer (a UI rendering each event) held the stream
+    server_metrics: dict = field(default_factory=dict)  # a serving engine's own per-request numbers (vLLM)
     event: str = "summary"
 
 
