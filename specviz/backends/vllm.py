@@ -43,6 +43,7 @@ from ..events import Correction, IterationEvent, StartEvent, SummaryEvent
 REPO = Path(__file__).resolve().parents[2]
 PROPOSER = "specviz.backends.vllm_proposer.SpecvizProposer"
 NO_PQ = "no p/q from vLLM"
+VLLM_LOOKUP = {"k": 4, "min_ngram": 2}  # vLLM's n-gram settings for lookup pairs (see plan_pair)
 
 
 def vllm_home() -> Path:
@@ -156,18 +157,23 @@ def plan_pair(pair: str | None = None, gamma: int | None = None, models: str | N
     p = pairs[name]
     drafter = p.get("drafter") or {}
     kind = drafter.get("kind")
+    if gamma is not None and (int(gamma) != gamma or gamma < 1):
+        raise SpecvizError(f"gamma must be a whole number >= 1, got {gamma}")
     k = int(gamma or p.get("gamma") or 4)
-    if k < 1:
-        raise SpecvizError(f"gamma must be a whole number >= 1, got {k}")
     if kind == "early_exit":
         raise SpecvizError(f"pair {name!r} drafts with the target's own first layers (early exit), "
                            "which vLLM cannot run; pick a lookup or draft-model pair")
     model, offline = model_folder(p["target"], reg, base, progress)
     if kind == "prompt_lookup":
-        lo, hi = int(drafter.get("min_ngram", 1)), int(drafter.get("max_ngram", 4))
+        # vLLM's n-gram proposer is not cost-aware like specviz's: it proposes k tokens at every
+        # match.  The pair's own gamma and shortest n-gram are tuned for specviz's adaptive drafter
+        # (gamma 10, 1-grams: 3% of drafts kept on vLLM here, no speedup), so vLLM gets its own.
+        k = int(gamma or VLLM_LOOKUP["k"])
+        lo = max(VLLM_LOOKUP["min_ngram"], int(drafter.get("min_ngram", 1)))
+        hi = max(lo, int(drafter.get("max_ngram", 4)))
         return ServePlan(name, p["target"], model, offline, k, "lookup",
                          {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k},
-                         {"SPECVIZ_VLLM_LOOKUP_MIN": str(max(1, lo)), "SPECVIZ_VLLM_LOOKUP_MAX": str(max(lo, hi))})
+                         {"SPECVIZ_VLLM_LOOKUP_MIN": str(lo), "SPECVIZ_VLLM_LOOKUP_MAX": str(hi)})
     if kind == "model":
         draft, draft_offline = model_folder(drafter["model"], reg, base, progress)
         return ServePlan(name, p["target"], model, offline and draft_offline, k, "draft_model",
@@ -531,8 +537,10 @@ class _Request:
                 st.metrics = (chunk["metrics"] or {}).get("speculative_decoding") or {}
             if choices:
                 yield from (st.from_records(self._records(), t) if self.traced else st.from_chunk(choices, t))
-        if first:
-            raise SpecvizError("the vLLM server sent no tokens")
+        if first or st.finish is None:
+            logs = [str(s.log_path) for s in self.be.servers if s.url == self.url]
+            raise SpecvizError("the vLLM server stopped answering in the middle of the request"
+                               + (f"; see {logs[0]}" if logs else ""))
         if self.traced:
             deadline = time.time() + 2.0  # the last step's line is written before its output is sent
             while st.emitted_total < len(st.stream_ids) and time.time() < deadline:

