@@ -195,3 +195,18 @@ def test_pairs_vllm_cannot_run(tmp_path):
         plan_pair("no-such-pair")
     with pytest.raises(SpecvizError, match="gamma"):
         plan_pair(None, gamma=0)
+
+
+def test_server_without_step_trace_still_adds_up(vllm_backend):
+    """A server given by URL (no trace file here): one event per streamed chunk, vLLM's totals."""
+    from specviz.backends.vllm import VLLMBackend
+
+    be = VLLMBackend(vllm_backend.spec_url, None, vllm_backend.tokenizer, vllm_backend.served_model,
+                     vllm_backend.gamma, "remote", trace_dir=None, model_info=vllm_backend.model_info)
+    _, its, summary = _run(be.speculative(PROMPTS[0], DecodeConfig(max_new_tokens=32)))
+    assert [t for e in its for t in e.emitted] == summary.output_ids
+    m = summary.server_metrics
+    assert summary.proposed == m["num_draft_tokens"] and summary.accepted == m["num_accepted_draft_tokens"]
+    assert "publishes no per-step drafts" in its[-1].reason
+    with pytest.raises(SpecvizError, match="no server without speculation"):
+        be.vanilla(PROMPTS[0], DecodeConfig(max_new_tokens=4))

@@ -664,3 +664,15 @@ class _State:
             decode_tokens_per_second=new / ((wall - prefill) / 1000.0) if wall > prefill else 0.0,
             wall_ms=wall, prefill_ms=prefill, draft_ms=self.draft_ms, verify_ms=self.verify_ms,
             stop_reason=stop, accepted_by_position=self.by_pos, server_metrics=dict(m))
+
+
+def peer_run(backend: VLLMBackend, ids: list[int], cfg: DecodeConfig) -> dict:
+    """One prompt on both servers, for a benchmark's vLLM columns (``bench --peer vllm``): wall
+    times (prefill included), outputs and vLLM's acceptance numbers."""
+    spec = list(backend.speculative(ids, cfg))[-1]
+    van = list(backend.vanilla(ids, cfg))[-1]
+    return {"spec_ms": spec.wall_ms, "vanilla_ms": van.wall_ms, "spec_ids": spec.output_ids,
+            "vanilla_ids": van.output_ids, "new_tokens": spec.new_tokens, "steps": spec.iterations,
+            "proposed": spec.proposed, "accepted": spec.accepted,
+            "identical": spec.output_ids == van.output_ids if cfg.sampling.greedy else None,
+            "server_metrics": spec.server_metrics}

@@ -136,5 +136,13 @@ class SpecvizProposer:
                    "propose_ms": round(ms, 3)}
             with open(trace_file(self.trace_dir, req), "a") as f:
                 f.write(json.dumps(rec) + "\n")
-        if len(self._steps) > 4096:  # forget finished requests now and then
+        self._calls = getattr(self, "_calls", 0) + 1
+        if self._calls % 2000 == 0:  # now and then: forget finished requests, drop traces nobody read
             self._steps = {r: s for r, s in self._steps.items() if r in live}
+            for name in os.listdir(self.trace_dir):
+                path = os.path.join(self.trace_dir, name)
+                try:
+                    if now - os.path.getmtime(path) > 600:
+                        os.unlink(path)
+                except OSError:
+                    pass
