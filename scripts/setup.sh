@@ -22,3 +22,4 @@ if [[ "${1:-}" == "--dev" ]]; then
     fi
   fi
 fi
+if [[ "${1:-}" == "--vllm" ]]; then exec bash scripts/setup_vllm.sh; fi  # vLLM in its own venv (issue 13)

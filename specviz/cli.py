@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 
+from . import vllm_cli
 from .errors import SpecvizError
 
 _PROG = "python -m specviz"
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-peer", action="store_true", help="skip transformers' assisted generation")
     p.add_argument("--json", action="store_true")
+    vllm_cli.add_parser(sub)  # vllm-serve: its own module (specviz never imports vllm)
     return ap
 
 
@@ -189,6 +191,7 @@ def cmd_bench(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.cmd == "vllm-serve": return vllm_cli.main(args)  # noqa: E701
         return {"pairs": cmd_pairs, "run": cmd_run, "check": cmd_check, "bench": cmd_bench}[args.cmd](args)
     except SpecvizError as e:
         print(f"specviz: error: {e}", file=sys.stderr)

@@ -96,6 +96,7 @@ class SummaryEvent:
     stop_reason: str  # "eos" | "max_new_tokens" | "context" | "stopped"
     accepted_by_position: list[list[int]] = field(default_factory=list)  # [[kept, examined], ...]
     consumer_ms: float = 0.0  # time the consumer (a UI rendering each event) held the stream
+    server_metrics: dict = field(default_factory=dict)  # a serving engine's own per-request numbers (vLLM)
     event: str = "summary"
 
 
@@ -214,8 +215,10 @@ def from_dict(d: dict, where: str = "event") -> Event:
     ev = _build(_TYPES[kind], d, f"{where} ({kind})")
     if isinstance(ev, IterationEvent):
         n = len(ev.proposed)
-        for name in ("proposed_text", "q", "p", "accept_prob", "draws"):
-            if len(getattr(ev, name)) != n:
+        if len(ev.proposed_text) != n:
+            raise SchemaError(f"{where}.proposed_text: {len(ev.proposed_text)} items for {n} proposals")
+        for name in ("q", "p", "accept_prob", "draws"):  # empty: a backend that does not know them
+            if len(getattr(ev, name)) not in (0, n):
                 raise SchemaError(f"{where}.{name}: {len(getattr(ev, name))} items for {n} proposals")
         if not 0 <= ev.accepted <= n or len(ev.emitted_text) != len(ev.emitted):
             raise SchemaError(f"{where}: accepted/emitted do not match the proposals")

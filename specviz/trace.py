@@ -25,7 +25,12 @@ class PositionTally:
     def __init__(self) -> None:
         self.counts: list[list[int]] = []
 
-    def add(self, draws: list, accepted: int) -> None:
+    def add(self, draws: list, accepted: int, proposed: int = 0) -> None:
+        """``draws``: the rule's uniform draw per examined position (None after a rejection). A
+        backend that does not report draws (a serving engine) passes [] and the proposal length:
+        positions 1..accepted + 1 were examined then."""
+        if not draws and proposed:
+            draws = [0.0] * min(proposed, accepted + 1)
         for i, d in enumerate(draws):
             if d is None:
                 break
@@ -156,7 +161,7 @@ class Trace:
         """(kept, examined) per draft position."""
         tally = PositionTally()
         for e in self.iterations:
-            tally.add(e.draws, e.accepted)
+            tally.add(e.draws, e.accepted, len(e.proposed))
         return [tuple(x) for x in tally.rows()]
 
     def verify_ms_by_gamma(self) -> dict[int, float]:

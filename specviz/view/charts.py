@@ -84,7 +84,7 @@ def time_split_figure(spec: Trace, vanilla: Trace | None) -> go.Figure:
 
 def inspector_figure(e: IterationEvent | None) -> go.Figure:
     fig = go.Figure()
-    if e is not None and e.proposed:
+    if e is not None and e.proposed and len(e.p) == len(e.q) == len(e.proposed):
         labels = [f"{i + 1}: {t!r}" for i, t in enumerate(e.proposed_text)]
         fig.add_bar(x=labels, y=e.q, name="q (draft)", marker_color=COLORS["q"])
         fig.add_bar(x=labels, y=e.p, name="p (target)", marker_color=COLORS["p"])

@@ -50,6 +50,8 @@ def _fmt(x: float | None) -> str:
 
 
 def _token_title(e: IterationEvent, i: int, state: str) -> str:
+    if len(e.q) <= i or len(e.p) <= i:  # a backend that does not report p and q (a serving engine)
+        return f"iteration {e.index}, draft position {i + 1}: {state}\np and q: not reported by this backend"
     lines = [f"iteration {e.index}, draft position {i + 1}: {state}",
              f"q (draft) = {_fmt(e.q[i])}    p (target) = {_fmt(e.p[i])}",
              f"min(1, p/q) = {_fmt(e.accept_prob[i])}"]
@@ -116,12 +118,17 @@ def inspector_html(e: IterationEvent | None) -> str:
     if e is None:
         return '<div class="sv-inspect">No iteration yet: press Run, or load a saved run.</div>'
     rows = []
+    known = len(e.p) == len(e.q) == len(e.accept_prob) == len(e.draws) == len(e.proposed)
+
+    def at(xs, i):
+        return _fmt(xs[i]) if i < len(xs) else "-"
+
     for i, piece in enumerate(e.proposed_text):
         state = "accepted" if i < e.accepted else "rejected" if i == e.accepted else "unchecked"
-        draw = "-" if e.draws[i] is None else f"{e.draws[i]:.3f}"
-        raw = f"{_fmt(e.p_raw[i])} / {_fmt(e.q_raw[i]) if e.q_raw else '-'}"
+        draw = "-" if not known or e.draws[i] is None else f"{e.draws[i]:.3f}"
+        raw = f"{at(e.p_raw, i)} / {at(e.q_raw, i)}"
         rows.append(f"<tr class='sv-row-{state}'><td>{i + 1}</td><td><code>{show(piece)}</code></td>"
-                    f"<td>{_fmt(e.q[i])}</td><td>{_fmt(e.p[i])}</td><td>{_fmt(e.accept_prob[i])}</td>"
+                    f"<td>{at(e.q, i)}</td><td>{at(e.p, i)}</td><td>{at(e.accept_prob, i)}</td>"
                     f"<td>{draw}</td><td>{state}</td><td>{raw}</td></tr>")
     c = e.correction
     kind = {"resample": "resampled", "bonus": "bonus", "sample": "plain step"}[c.kind]
@@ -137,5 +144,7 @@ def inspector_html(e: IterationEvent | None) -> str:
     head = (f"<div class='sv-inspect'><b>Iteration {e.index}</b> &middot; {_attr(e.drafter)} proposed "
             f"{len(e.proposed)} (γ max {e.gamma}: {_attr(e.reason)}) &middot; kept {e.accepted} &middot; "
             f"emitted {len(e.emitted)} &middot; draft {e.draft_ms:.1f} ms, verify {e.verify_ms:.1f} ms")
+    if not known and e.proposed:
+        table += "<p>p and q: not reported by this backend (a serving engine keeps them to itself).</p>"
     return (head + table + f"<p>The {kind} token was drawn from {src}; its top tokens:</p><ol class='sv-top'>"
             + top + "</ol></div>")
