@@ -3,8 +3,10 @@ specviz/ (which never imports gradio); a handler turns specviz's frames into com
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -64,7 +66,7 @@ def _updates(frame: Frame | None) -> dict:
 
 @gpu
 def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k, top_p, max_new_tokens,
-                 seed, costs, with_vanilla, request: gr.Request = None):
+                 seed, costs, with_vanilla, backend="specviz", vllm_url="", request: gr.Request = None):
     """Stream one run into the page; waits its turn in the decode queue it shares with the API."""
     session = _session(request)
     try:
@@ -80,8 +82,16 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
             if not is_loaded(model, DEVICE, DTYPE):
                 where = "from the Hugging Face Hub" if model.offline_source() is None else "its weights"
                 yield {C["status"]: f"● loading {md(name)} ({md(where)}; ~20 s on a CPU the first time)…"}
-        pipe = build_pipeline(REGISTRY, pair=None if custom_target else pair, target=custom_target,
-                              drafter=custom_drafter, device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
+        if backend and backend != "specviz":
+            pipe = None
+            for item in vllm_backend(pair if not custom_target else None, backend, vllm_url):
+                if isinstance(item, str):
+                    yield {C["status"]: item}
+                else:
+                    pipe = item
+        else:
+            pipe = build_pipeline(REGISTRY, pair=None if custom_target else pair, target=custom_target,
+                                  drafter=custom_drafter, device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
         maker = LIVE[session] = FrameMaker(lambda s, v: EXPORTS.save(session, s, v))
 
         def waiting(ahead, eta):
@@ -96,13 +106,56 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
             if update:
                 yield update
     except SpecvizError as e:
-        yield _error(str(e))
+        on_vllm = backend not in (None, "", "specviz")
+        yield _error(str(e) + (" (the page keeps serving: choose specviz's engine under Backend)" if on_vllm else ""))
     except MemoryError:
         yield _error("out of memory: try a smaller pair, fewer new tokens or a shorter prompt")
     except Exception as e:  # keep serving whatever happened; say what it was
         oom = type(e).__name__ == "OutOfMemoryError"
         yield _error("the GPU ran out of memory: try a smaller pair or fewer new tokens" if oom
                      else f"unexpected error: {type(e).__name__}: {e}")
+
+
+VLLM: dict[tuple, object] = {}  # (pair, url) -> a VLLMBackend, started once per process
+
+
+def vllm_backend(pair, backend: str, url: str):
+    """Yield status lines while a vLLM backend starts (or connects), then the backend itself."""
+    from specviz.backends.vllm import VLLMBackend
+
+    if pair is None:
+        raise SpecvizError("vLLM runs registry pairs: pick a pair, not a separate target")
+    key = (pair, url.strip() if backend == "vllm-url" else "")
+    if key in VLLM:
+        yield VLLM[key]
+        return
+    if backend == "vllm-url":
+        urls = [u.strip() for u in url.split(",") if u.strip()]
+        if not urls:
+            raise SpecvizError("give the vLLM server's URL (and, after a comma, one without speculation)")
+        yield f"● connecting to vLLM at {md(urls[0])}…"
+        VLLM[key] = VLLMBackend.connect(urls[0], urls[1] if len(urls) > 1 else None, pair=pair)
+    else:
+        done, box = threading.Event(), {}
+
+        def start():
+            try:
+                box["backend"] = VLLMBackend.launch(pair, progress=lambda m: box.__setitem__("msg", str(m)))
+            except BaseException as e:  # handed to the page below
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=start, daemon=True).start()
+        t0 = time.monotonic()
+        while not done.wait(1.0):
+            yield (f"● starting vLLM servers for {md(pair)} (once per process; ~1-2 min on a CPU): "
+                   f"{md(box.get('msg', 'starting'))} · {time.monotonic() - t0:.0f} s")
+        if "error" in box:
+            raise box["error"]
+        VLLM[key] = box["backend"]
+        atexit.register(VLLM[key].close)
+    yield VLLM[key]
 
 
 def stopped(request: gr.Request = None):
@@ -116,8 +169,6 @@ def replay(file, request: gr.Request = None):
     """Replay a run the visitor uploaded, without any model: iterations appear as they did, sped up."""
     if file is None:
         return
-    import time
-
     from specviz.trace import Trace
     from specviz.view.frames import LiveState
 
@@ -208,6 +259,13 @@ def build_demo() -> gr.Blocks:
                     target = gr.Dropdown([PAIR_CHOICE] + list(REGISTRY.models), value=PAIR_CHOICE, label="Target model")
                     drafter = gr.Dropdown([PAIR_CHOICE] + drafters.choices(REGISTRY.models), value=PAIR_CHOICE,
                                           label="Drafter (model, lookup, early-exit:L)")
+                with gr.Accordion("Backend: specviz's engine or vLLM", open=False):
+                    backend = gr.Radio([("specviz engine (p and q for every token)", "specviz"),
+                                        ("vLLM, started here (needs setup.sh --vllm)", "vllm"),
+                                        ("vLLM at a URL", "vllm-url")], value="specviz", label="Backend",
+                                       elem_id="sv-backend")
+                    vllm_url = gr.Textbox(label="vLLM URL(s): speculative[, vanilla]",
+                                          placeholder="http://127.0.0.1:8000, http://127.0.0.1:8001")
                 with gr.Accordion("Replay a saved run (no model needed)", open=False):
                     upload = gr.File(label="specviz run (.json)", file_types=[".json"])
             with gr.Column(scale=3, min_width=480):
@@ -236,7 +294,7 @@ def build_demo() -> gr.Blocks:
 
         outputs = list(C.values())
         inputs = [pair, target, drafter, prompt, chat, gamma, temperature, top_k, top_p, max_new, seed, costs,
-                  with_vanilla]
+                  with_vanilla, backend, vllm_url]
         run_kw = dict(concurrency_limit=8, concurrency_id="decode", show_progress="hidden")
         run_event = run_btn.click(run_decoding, inputs, outputs, api_name="run", js=SCROLL_TO_STATUS, **run_kw)
         runs = [run_event]

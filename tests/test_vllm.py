@@ -210,3 +210,34 @@ def test_server_without_step_trace_still_adds_up(vllm_backend):
     assert "publishes no per-step drafts" in its[-1].reason
     with pytest.raises(SpecvizError, match="no server without speculation"):
         be.vanilla(PROMPTS[0], DecodeConfig(max_new_tokens=4))
+
+
+def test_app_runs_a_pair_on_vllm(vllm_backend, monkeypatch):
+    """The page with backend vLLM: speculative then vanilla decoding on the servers, the token view
+    coloured from the proposer's ids, the charts, the summary, identical greedy output."""
+    import app as app_module
+
+    monkeypatch.setattr(app_module, "VLLM", {})
+    url = f"{vllm_backend.spec_url}, {vllm_backend.vanilla_url}"
+    frames = list(app_module.run_decoding(app_module.REGISTRY.default(), app_module.PAIR_CHOICE, app_module.PAIR_CHOICE,
+                                          PROMPTS[0], True, 4, 0.0, 0, 1.0, 48, 0, "measured", True,
+                                          "vllm-url", url))
+    names = {id(c): k for k, c in app_module.C.items()}
+    final = {}
+    for f in frames:
+        final.update({names[id(c)]: v for c, v in f.items()})
+    assert final["status"].startswith("■ done"), final["status"]
+    assert "sv-acc" in final["tokens"] and "identical to vanilla" in final["summary"]
+    assert "vLLM" in final["summary"] and final["result"]["identical"] is True
+    assert "fig_position" in final and final["runs"]["spec"].summary.server_metrics
+
+
+def test_app_says_when_vllm_is_unreachable(monkeypatch):
+    import app as app_module
+
+    monkeypatch.setattr(app_module, "VLLM", {})
+    frames = list(app_module.run_decoding(app_module.REGISTRY.default(), app_module.PAIR_CHOICE, app_module.PAIR_CHOICE,
+                                          "Hi", True, 4, 0.0, 0, 1.0, 8, 0, "measured", True,
+                                          "vllm-url", "http://127.0.0.1:9"))
+    last = list(frames[-1].values())[0]
+    assert last.startswith("**Error:**") and "no vLLM server answers" in last.replace("\\", "")
