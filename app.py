@@ -3,7 +3,6 @@ specviz/ (which never imports gradio); a handler turns specviz's frames into com
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 import time
@@ -120,42 +119,13 @@ VLLM: dict[tuple, object] = {}  # (pair, url) -> a VLLMBackend, started once per
 
 
 def vllm_backend(pair, backend: str, url: str):
-    """Yield status lines while a vLLM backend starts (or connects), then the backend itself."""
-    from specviz.backends.vllm import VLLMBackend
+    """Status lines while a vLLM backend starts (or connects), then the backend itself."""
+    from specviz.backends.vllm import start_or_connect
 
     if pair is None:
         raise SpecvizError("vLLM runs registry pairs: pick a pair, not a separate target")
-    key = (pair, url.strip() if backend == "vllm-url" else "")
-    if key in VLLM:
-        yield VLLM[key]
-        return
-    if backend == "vllm-url":
-        urls = [u.strip() for u in url.split(",") if u.strip()]
-        if not urls:
-            raise SpecvizError("give the vLLM server's URL (and, after a comma, one without speculation)")
-        yield f"● connecting to vLLM at {md(urls[0])}…"
-        VLLM[key] = VLLMBackend.connect(urls[0], urls[1] if len(urls) > 1 else None, pair=pair)
-    else:
-        done, box = threading.Event(), {}
-
-        def start():
-            try:
-                box["backend"] = VLLMBackend.launch(pair, progress=lambda m: box.__setitem__("msg", str(m)))
-            except BaseException as e:  # handed to the page below
-                box["error"] = e
-            finally:
-                done.set()
-
-        threading.Thread(target=start, daemon=True).start()
-        t0 = time.monotonic()
-        while not done.wait(1.0):
-            yield (f"● starting vLLM servers for {md(pair)} (once per process; ~1-2 min on a CPU): "
-                   f"{md(box.get('msg', 'starting'))} · {time.monotonic() - t0:.0f} s")
-        if "error" in box:
-            raise box["error"]
-        VLLM[key] = box["backend"]
-        atexit.register(VLLM[key].close)
-    yield VLLM[key]
+    for item in start_or_connect(pair, url if backend == "vllm-url" else None, VLLM):
+        yield f"● {md(item, 300)}" if isinstance(item, str) else item
 
 
 def stopped(request: gr.Request = None):
@@ -264,8 +234,8 @@ def build_demo() -> gr.Blocks:
                                         ("vLLM, started here (needs setup.sh --vllm)", "vllm"),
                                         ("vLLM at a URL", "vllm-url")], value="specviz", label="Backend",
                                        elem_id="sv-backend")
-                    vllm_url = gr.Textbox(label="vLLM URL(s): speculative[, vanilla]",
-                                          placeholder="http://127.0.0.1:8000, http://127.0.0.1:8001")
+                    vllm_url = gr.Textbox("http://127.0.0.1:8000, http://127.0.0.1:8001",
+                                          label="vLLM URL(s): speculative[, vanilla] (for vLLM at a URL)")
                 with gr.Accordion("Replay a saved run (no model needed)", open=False):
                     upload = gr.File(label="specviz run (.json)", file_types=[".json"])
             with gr.Column(scale=3, min_width=480):

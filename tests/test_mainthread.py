@@ -62,3 +62,37 @@ def test_consumer_stop_closes_the_producer(served):
             break
         threading.Event().wait(0.01)
     assert log == ["closed"]
+
+
+def test_turns_queue_first_come_first_served_with_positions():
+    """Two callers share one decode queue: the second waits (told how many runs are ahead) and
+    decodes only after the first is done; nothing interleaves."""
+    import threading
+    import time
+
+    runner = MainThreadRunner()
+    order, waits = [], []
+    first_started = threading.Event()
+
+    def slow(name):
+        def gen():
+            for i in range(3):
+                order.append((name, i))
+                first_started.set()
+                time.sleep(0.3)
+                yield i
+        return gen
+
+    def consume(name):
+        for item in runner.turns(slow(name), on_wait=lambda ahead, eta: ("waiting", ahead)):
+            if isinstance(item, tuple):
+                waits.append((name, item[1]))
+
+    a = threading.Thread(target=consume, args=("a",))
+    a.start()
+    first_started.wait(5)
+    consume("b")
+    a.join()
+    assert order == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
+    assert waits and all(name == "b" and ahead == 1 for name, ahead in waits)
+    assert runner.position(12345) == 0 and runner.recent_s  # a finished run's duration is remembered

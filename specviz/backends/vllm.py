@@ -673,3 +673,43 @@ def peer_run(backend: VLLMBackend, ids: list[int], cfg: DecodeConfig) -> dict:
             "proposed": spec.proposed, "accepted": spec.accepted,
             "identical": spec.output_ids == van.output_ids if cfg.sampling.greedy else None,
             "server_metrics": spec.server_metrics}
+
+
+def start_or_connect(pair: str, url: str | None, cache: dict) -> Iterator:
+    """For a front end: yield progress lines while the backend for ``pair`` starts (its own two
+    servers, ``url`` None) or connects (``url``: "speculative[, vanilla]"), then the backend.
+    ``cache`` keeps backends across calls; started servers stop when the process exits."""
+    import atexit
+
+    key = (pair, (url or "").strip())
+    if key in cache:
+        yield cache[key]
+        return
+    if url is not None:
+        urls = [u.strip() for u in url.split(",") if u.strip()]
+        if not urls:
+            raise SpecvizError("give the vLLM server's URL (and, after a comma, one without speculation)")
+        yield f"connecting to vLLM at {urls[0]}"
+        cache[key] = VLLMBackend.connect(urls[0], urls[1] if len(urls) > 1 else None, pair=pair)
+        yield cache[key]
+        return
+    done, box = threading.Event(), {}
+
+    def start():
+        try:
+            box["backend"] = VLLMBackend.launch(pair, progress=lambda m: box.__setitem__("msg", str(m)))
+        except BaseException as e:  # raised in the caller's thread below
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=start, daemon=True).start()
+    t0 = time.monotonic()
+    while not done.wait(1.0):
+        yield (f"starting vLLM servers for {pair} (once per process; ~1-2 min on a CPU): "
+               f"{box.get('msg', 'starting')} · {time.monotonic() - t0:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    cache[key] = box["backend"]
+    atexit.register(cache[key].close)
+    yield cache[key]
