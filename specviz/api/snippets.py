@@ -43,11 +43,12 @@ def snippets(base_url: str, body: dict, key_required: bool = False) -> tuple[str
     args = "".join(f"    {k}={_py(v)},\n" for k, v in fields.items())
     if "speculative" in body:
         args += f"    extra_body={{\"speculative\": {_py(body['speculative'])}}},  # omit for plain decoding\n"
-    key = 'os.environ["SPECVIZ_API_KEY"]' if key_required else '"unused"  # or the server\'s SPECVIZ_API_KEY'
+    key = 'os.environ["SPECVIZ_API_KEY"]' if key_required else '"unused"'
+    note = "" if key_required else "  # api_key: anything, unless the server sets SPECVIZ_API_KEY"
     call = "client.chat.completions.create" if chat else "client.completions.create"
     out = "reply.choices[0].message.content" if chat else "reply.choices[0].text"
     python = (("import os\n" if key_required else "") + "from openai import OpenAI\n\n"
-              f"client = OpenAI(base_url={_py(base + '/v1')}, api_key={key})\n"
+              f"client = OpenAI(base_url={_py(base + '/v1')}, api_key={key}){note}\n"
               f"reply = {call}(\n{args})\n"
               f"print({out})\n"
               "print(reply.usage.speculative)  # passes, proposed, accepted, acceptance rate, timings\n")
