@@ -298,3 +298,18 @@ def test_page_points_to_the_api_and_its_snippets_run(server, tiny_reg, capsys):
     exec(compile(python, "snippet", "exec"), {})  # the Python snippet runs as shown
     out = capsys.readouterr().out
     assert "'mode': 'speculative'" in out
+
+
+def test_a_full_queue_answers_429_with_retry_after(client, monkeypatch):
+    monkeypatch.setenv("SPECVIZ_API_MAX_QUEUE", "1")
+    stream = client.chat.completions.create(model="tiny-target", messages=[{"role": "user", "content": PROMPT}],
+                                            max_tokens=400, temperature=0, stream=True)
+    for chunk in stream:  # decoding has begun: the queue holds one run
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    with pytest.raises(openai.RateLimitError) as info:
+        call(client, "chat", False, None, max_tokens=4)
+    assert info.value.body["code"] == "queue_full" and int(info.value.response.headers["retry-after"]) >= 1
+    stream.close()
+    monkeypatch.delenv("SPECVIZ_API_MAX_QUEUE")
+    assert call(client, "chat", False, None, max_tokens=4)[1].completion_tokens == 4

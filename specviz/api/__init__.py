@@ -9,7 +9,8 @@ Mount: ``demo.launch(app_kwargs={"routes": routes(lambda: REGISTRY, RUNNER)})`` 
 FastAPI app takes the same list). Nothing here imports gradio.
 
 Environment: ``SPECVIZ_API_KEY`` (requests then need ``Authorization: Bearer <key>``),
-``SPECVIZ_API_MAX_TOKENS`` (default 1024), ``SPECVIZ_API_MAX_PROMPT_CHARS`` (default 20000).
+``SPECVIZ_API_MAX_TOKENS`` (default 1024), ``SPECVIZ_API_MAX_PROMPT_CHARS`` (default 20000),
+``SPECVIZ_API_MAX_QUEUE`` (default 16: runs queued, the page's included, before a 429).
 """
 
 from .errors import ApiError

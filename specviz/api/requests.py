@@ -25,6 +25,7 @@ class Limits:
     max_tokens: int = 1024  # SPECVIZ_API_MAX_TOKENS: the most new tokens one request may ask for
     max_prompt_chars: int = 20_000  # SPECVIZ_API_MAX_PROMPT_CHARS: the longest prompt (all messages)
     default_max_tokens: int = 256  # when a request gives no max_tokens (capped by max_tokens)
+    max_queue: int = 16  # SPECVIZ_API_MAX_QUEUE: runs queued (page's included) beyond which requests get a 429
 
     @classmethod
     def from_env(cls, env=os.environ) -> "Limits":
@@ -37,7 +38,7 @@ class Limits:
 
         max_tokens = read("SPECVIZ_API_MAX_TOKENS", cls.max_tokens)
         return cls(max_tokens, read("SPECVIZ_API_MAX_PROMPT_CHARS", cls.max_prompt_chars),
-                   min(cls.default_max_tokens, max_tokens))
+                   min(cls.default_max_tokens, max_tokens), read("SPECVIZ_API_MAX_QUEUE", cls.max_queue))
 
     @property
     def max_body_bytes(self) -> int:

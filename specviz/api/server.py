@@ -114,6 +114,11 @@ class Api:
         req = parse(body, kind, limits)
         reg = self.registry()
         plan = generate.plan(reg, req)
+        if self.runner.queued >= limits.max_queue:
+            eta = self.runner.estimate_s(self.runner.queued)
+            raise ApiError(429, f"the decode queue is full ({self.runner.queued} runs); try again "
+                           f"{f'in about {eta:.0f} s' if eta else 'soon'} (SPECVIZ_API_MAX_QUEUE)", None, "queue_full",
+                           "rate_limit_error", retry_after=max(1, round(eta or 5)))
         pipe = await anyio.to_thread.run_sync(generate.load, reg, plan, self.device, self.dtype)
         ids = await anyio.to_thread.run_sync(generate.encode, pipe, req)
         cfg = generate.config(req, plan)
@@ -249,8 +254,10 @@ def internal(e: Exception) -> ApiError:
 
 
 def error_response(e: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else {}
+    if e.retry_after:
+        headers["Retry-After"] = str(e.retry_after)
+    return JSONResponse(e.body(), status_code=e.status, headers=headers or None)
 
 
 def routes(registry: Callable[[], Registry], runner: MainThreadRunner, device: str = "auto",
