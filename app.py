@@ -327,11 +327,11 @@ def launch_kwargs() -> dict:
             "app_kwargs": {"routes": routes(lambda: REGISTRY, RUNNER, DEVICE, DTYPE)}}
 
 
-API_INTRO = """This server also speaks the **OpenAI API**: `POST /v1/chat/completions`, `POST /v1/completions`
-(streaming or not) and `GET /v1/models`, at this page's address + `/v1`. Add `"speculative": {"draft_model":
-"auto" | "lookup" | "early-exit:L" | a model, "num_speculative_tokens": N}` to decode speculatively (leave it out
-for plain decoding); `usage.speculative` says what speculation did. The API and this page share the loaded
-models and take turns in one decode queue. The calls below use the settings above."""
+API_INTRO = """This server also speaks the **OpenAI API** at this page's address + `/v1`: chat and text
+completions (streamed or not) and the model list. Add a `speculative` object (`draft_model`: `auto`, `lookup`,
+`early-exit:L` or a model; `num_speculative_tokens`: γ) to decode speculatively, or leave it out for plain
+decoding; `usage.speculative` says what speculation did. The API and this page share the loaded models and take
+turns in one decode queue. These calls use the settings above:"""
 
 
 def api_panel(demo, pair, target, drafter, prompt, chat, gamma, temperature, top_p, max_new, seed) -> None:

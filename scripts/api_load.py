@@ -5,7 +5,8 @@ production), then:
   1. five concurrent API clients (chat and completions, streamed or not, with and without
      ``speculative``) plus one page run through gradio_client's ``/run``: all must finish, none error;
   2. N sequential API requests (default 50), sampling the server's resident memory (RSS) as it goes.
-Prints both as tables; exits non-zero if anything failed.
+Then hangs up a long stream and checks the next request is not kept waiting.
+Prints tables; exits non-zero if anything failed.
 
     python scripts/api_load.py                    # 5 + 1 concurrent, then 50 requests
     python scripts/api_load.py --requests 20 --max-tokens 16
@@ -178,6 +179,18 @@ def main() -> int:
                       f"{(time.perf_counter() - t) / (i + 1):>10.2f}")
         if len(samples) >= 2:
             print(f"growth from request 10 to {a.requests}: {(samples[-1] - samples[0]) / 2**20:+.1f} MiB")
+
+        # 3. a client that hangs up mid-stream frees the decoder at once
+        stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": PROMPTS[3]}],
+                                                max_tokens=512, temperature=0.8, seed=1, stream=True)
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                break
+        stream.close()
+        after = api_call(client, model, 1, 4)
+        print(f"\nhung up a 512-token stream after its first text; the next request waited "
+              f"{after['queue_ms'] / 1000:.2f} s in the queue")
+        failures += after["queue_ms"] > 5000
     finally:
         proc.terminate()
         try:

@@ -48,7 +48,7 @@ def snippets(base_url: str, body: dict, key_required: bool = False) -> tuple[str
     call = "client.chat.completions.create" if chat else "client.completions.create"
     out = "reply.choices[0].message.content" if chat else "reply.choices[0].text"
     python = (("import os\n" if key_required else "") + "from openai import OpenAI\n\n"
-              f"client = OpenAI(base_url={_py(base + '/v1')}, api_key={key}){note}\n"
+              f"client = OpenAI(base_url={_py(base + '/v1')},\n                api_key={key}){note}\n"
               f"reply = {call}(\n{args})\n"
               f"print({out})\n"
               "print(reply.usage.speculative)  # passes, proposed, accepted, acceptance rate, timings\n")
