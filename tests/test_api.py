@@ -240,6 +240,9 @@ def test_text_stream_holds_back_partial_stops_and_characters():
     assert ts.push(0) == "" and ts.push(1) == "é"  # no half character is sent
     assert [ts.push(ord(c)) for c in "STOP"] == ["", "", "", ""] and ts.stopped
     assert ts.text == "abSxé" and ts.finish() == ""
+    two = TextStream(Tok(), ["xyz", "yq"])
+    assert [two.push(ord(c)) for c in "axy"] == ["a", "", ""]  # "xy" may start xyz (and "y" yq)
+    assert two.push(ord("w")) == "xyw" and not two.stopped
 
 
 def test_client_that_disconnects_stops_its_decoding(server, client):
@@ -274,8 +277,8 @@ def test_five_api_clients_and_a_page_run_share_the_queue(server, tiny_reg):
 
     page = Client(f"{server}/", verbose=False)
     threads = [threading.Thread(target=api_client, args=(i,)) for i in range(5)]
-    job = page.submit("tiny-draft", app_module.PAIR_CHOICE, app_module.PAIR_CHOICE, PROMPT, True, 4, 0.0, 0, 1.0,
-                      24, 0, "measured", False, api_name="/run")
+    job = page.submit(pair="tiny-draft", prompt=PROMPT, chat=True, gamma=4, temperature=0.0, max_new_tokens=24,
+                      seed=0, with_vanilla=False, api_name="/run")
     for t in threads:
         t.start()
     final = job.result(timeout=300)

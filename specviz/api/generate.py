@@ -168,12 +168,11 @@ class TextStream:
         safe = len(self.text)
         while safe > self.sent and self.text[safe - 1] == "\ufffd":
             safe -= 1
-        for s in self.stops:  # hold back a tail that a stop sequence may start with
-            for k in range(min(len(s) - 1, safe - self.sent), 0, -1):
-                if self.text[safe - k:safe] == s[:k]:
-                    safe -= k
-                    break
-        return self._take(safe)
+        hold = 0  # the longest tail that a stop sequence may start with
+        for s in self.stops:
+            hold = max([hold] + [k for k in range(1, min(len(s) - 1, safe - self.sent) + 1)
+                                 if self.text[safe - k:safe] == s[:k]])
+        return self._take(safe - hold)
 
     def finish(self) -> str:
         return self._take(len(self.text))
