@@ -131,7 +131,7 @@ def main() -> int:
                 t = time.perf_counter()
                 out = Client(f"{url}/", verbose=False).predict(
                     pair=pair.name, prompt=PROMPTS[0], max_new_tokens=a.max_tokens, temperature=0, seed=0,
-                    with_vanilla=False, api_name="/run")
+                    with_vanilla=False, backend="specviz", vllm_url="", api_name="/run")
                 result = next(v for v in out if isinstance(v, dict) and "acceptance_rate" in v)
                 rows.append({"who": "page /run", "kind": "page", "stream": True, "draft": pair.name,
                              "s": time.perf_counter() - t, "tokens": result["tokens"], "queue_ms": None,

@@ -278,7 +278,7 @@ def test_five_api_clients_and_a_page_run_share_the_queue(server, tiny_reg):
     page = Client(f"{server}/", verbose=False)
     threads = [threading.Thread(target=api_client, args=(i,)) for i in range(5)]
     job = page.submit(pair="tiny-draft", prompt=PROMPT, chat=True, gamma=4, temperature=0.0, max_new_tokens=24,
-                      seed=0, with_vanilla=False, api_name="/run")
+                      seed=0, with_vanilla=False, backend="specviz", vllm_url="", api_name="/run")
     for t in threads:
         t.start()
     final = job.result(timeout=300)
