@@ -238,6 +238,7 @@ def build_demo() -> gr.Blocks:
                                           label="vLLM URL(s): speculative[, vanilla] (for vLLM at a URL)")
                 with gr.Accordion("Replay a saved run (no model needed)", open=False):
                     upload = gr.File(label="specviz run (.json)", file_types=[".json"])
+                api_panel(demo, pair, target, drafter, prompt, chat, gamma, temperature, top_p, max_new, seed)
             with gr.Column(scale=3, min_width=480):
                 C["status"] = gr.Markdown("Ready. Press **Run**.", elem_id="sv-status")
                 gr.HTML(tokens.LEGEND)
@@ -290,7 +291,48 @@ def device_label() -> str:
 
 
 def launch_kwargs() -> dict:
-    return {"theme": gr.themes.Soft(), "css_paths": [str(ASSETS / "specviz.css")], "footer_links": ["gradio"]}
+    from specviz.api import routes  # the OpenAI-compatible API (/v1/...), on this same server
+
+    return {"theme": gr.themes.Soft(), "css_paths": [str(ASSETS / "specviz.css")], "footer_links": ["gradio"],
+            "app_kwargs": {"routes": routes(lambda: REGISTRY, RUNNER, DEVICE, DTYPE)}}
+
+
+API_INTRO = """This server also speaks the **OpenAI API** at this page's address + `/v1`: chat and text
+completions (streamed or not) and the model list. Add a `speculative` object (`draft_model`: `auto`, `lookup`,
+`early-exit:L` or a model; `num_speculative_tokens`: γ) to decode speculatively, or leave it out for plain
+decoding; `usage.speculative` says what speculation did. The API and this page share the loaded models and take
+turns in one decode queue. These calls use the settings above:"""
+
+
+def api_panel(demo, pair, target, drafter, prompt, chat, gamma, temperature, top_p, max_new, seed) -> None:
+    """The page's pointer to the API: a copyable curl and Python call with the current settings."""
+    from specviz.api.generate import drafter_label, recommended_pair
+    from specviz.api.snippets import request_body, snippets
+
+    with gr.Accordion("Call it from code: OpenAI-compatible API at /v1", open=False):
+        gr.Markdown(API_INTRO)
+        curl = gr.Code(language="shell", label="curl", interactive=False, elem_id="sv-api-curl")
+        python = gr.Code(language="python", label="Python (pip install openai)", interactive=False)
+    inputs = [pair, target, drafter, prompt, chat, gamma, temperature, top_p, max_new, seed]
+
+    def show(pair_, target_, drafter_, prompt_, chat_, gamma_, temperature_, top_p_, max_new_, seed_,
+             request: gr.Request = None):
+        custom_target = target_ if target_ and target_ != PAIR_CHOICE else None
+        custom_drafter = drafter_ if drafter_ and drafter_ != PAIR_CHOICE else None
+        try:
+            spec = REGISTRY.pair(pair_)
+            model = custom_target or spec.target
+            draft = custom_drafter or ("lookup" if custom_target else "auto" if getattr(
+                recommended_pair(REGISTRY, model), "name", None) == spec.name else drafter_label(spec.drafter))
+            body = request_body(model, prompt_, bool(chat_), draft, gamma_, temperature_, top_p_, max_new_, seed_)
+        except (SpecvizError, TypeError, ValueError):
+            return gr.skip(), gr.skip()
+        headers = getattr(request, "headers", None) or {}
+        base = f"{headers.get('x-forwarded-proto', 'http')}://{headers.get('host', 'localhost:7860')}"
+        return snippets(base, body, bool(os.environ.get("SPECVIZ_API_KEY")))
+
+    gr.on([demo.load] + [c.change for c in inputs], show, inputs, [curl, python], api_visibility="private",
+          show_progress="hidden", queue=False)
 
 
 def preload(pair: str = REGISTRY.default()) -> None:

@@ -34,6 +34,12 @@ class MainThreadRunner:
         self._next_ticket = 0
         self.recent_s: list[float] = []  # how long the last runs held the queue (for estimates)
 
+    @property
+    def queued(self) -> int:
+        """Runs in the queue now: the one decoding and those waiting."""
+        with self._turn:
+            return len(self._waiting)
+
     def position(self, ticket: int) -> int:
         """How many runs are ahead of ``ticket`` (0: it is decoding)."""
         with self._turn:
