@@ -10,6 +10,7 @@ import json
 import sys
 
 from .errors import SpecvizError
+from .lab.cli import add_parser as _add_lab, main as _lab
 
 _PROG = "python -m specviz"
 
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-peer", action="store_true", help="skip transformers' assisted generation")
     p.add_argument("--json", action="store_true")
+    _add_lab(sub)
     return ap
 
 
@@ -189,7 +191,7 @@ def cmd_bench(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"pairs": cmd_pairs, "run": cmd_run, "check": cmd_check, "bench": cmd_bench}[args.cmd](args)
+        return {"pairs": cmd_pairs, "run": cmd_run, "check": cmd_check, "bench": cmd_bench, "lab": _lab}[args.cmd](args)
     except SpecvizError as e:
         print(f"specviz: error: {e}", file=sys.stderr)
         return 2
