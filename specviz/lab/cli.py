@@ -79,7 +79,7 @@ def main(args) -> int:
     took = time.perf_counter() - t1
     if args.figure:
         fig = mod.figure(result)
-        (fig.write_html if args.figure.endswith(".html") else fig.write_image)(args.figure)
+        fig.write_html(args.figure, config={"displayModeBar": False}) if args.figure.endswith(".html") else fig.write_image(args.figure)
     if args.json:
         print(json.dumps({"event": "result", "experiment": args.experiment, "pair": pipe.name,
                           "seconds": round(took, 1), "load_seconds": round(loaded, 1),

@@ -106,7 +106,9 @@ def figure(res: SweepResult) -> go.Figure:
     title = "Speedup over vanilla by γ"
     if best is not None and g_theory is not None:
         title += f": best measured γ = {best.gamma}, predicted γ = {g_theory}"
-    return _layout(fig, title, "γ (draft tokens per iteration, fixed)", "decode speedup (×)", height=320)
+    fig = _layout(fig, title, "γ (draft tokens per iteration, fixed)", "decode speedup (×)", height=320)
+    fig.update_layout(margin={"r": 56})  # room for the right axis (tokens per iteration)
+    return fig
 
 
 def takeaway(res: SweepResult) -> str:
