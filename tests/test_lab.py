@@ -112,7 +112,7 @@ def test_when_not_numbers(tiny):
     res = _run("when_not", tiny(), batches=[1, 4], lengths=[4, 8], depths=[1, 3], max_new_tokens=8)
     assert [b.batch for b in res.batches] == [1, 4] and all(b.v > 0 for b in res.batches)
     assert [L for L, _ in res.lengths] == [4, 8]
-    assert [d.label for d in res.drafts][1:] == ["early exit 1/4", "early exit 3/4"]
+    assert [d.label for d in res.drafts][1:] == ["exit 1/4", "exit 3/4"]
     assert len(res.rule_agrees()) == 3
 
 

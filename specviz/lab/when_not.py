@@ -87,7 +87,7 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     yield Progress(done, total, f"(b) speculative and vanilla decoding of up to {n} tokens")
     cfg = greedy_cfg(s.gamma or pipe.gamma, n, s.seed, s.temperature)
     vanilla = run_trace(pipe.vanilla(ids, cfg))
-    m, spec = measure(pipe, ids, cfg, vanilla, pipe.drafter.name)
+    m, spec = measure(pipe, ids, cfg, vanilla, "pair's drafter")
     for L in lengths:
         a, b = spec.elapsed_at(L), vanilla.elapsed_at(L)
         res.lengths.append((L, b / a if a and b else None))
@@ -110,7 +110,7 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
         drafter = kind("early_exit").build({"kind": "early_exit", "layers": L}, pipe.target, None)
         g = 3
         dm, _ = measure(with_drafter(pipe, drafter), ids, greedy_cfg(g, short, s.seed, s.temperature), base,
-                        f"early exit {L}/{layers}")
+                        f"exit {L}/{layers}")
         res.drafts.append(dm)
         done += 1
     res.drafts.insert(0, m)
@@ -127,21 +127,23 @@ def figure(res: WhenNotResult) -> go.Figure:
                         line={"color": COLORS["theory"]}, row=1, col=1)
         fig.add_scatter(x=bs, y=[b.v for b in res.batches], mode="lines+markers", name="verify cost v (× a B×1 pass)",
                         line={"color": COLORS["verify"], "dash": "dot"}, row=1, col=1)
-        fig.update_xaxes(type="log", row=1, col=1, title_text="batch size B")
+        fig.update_xaxes(type="log", row=1, col=1, title_text="batch size B", tickvals=bs)
     pts = [(L, s) for L, s in res.lengths if s is not None]
     fig.add_scatter(x=[L for L, _ in pts], y=[s for _, s in pts], mode="lines+markers", name="speedup by length",
                     line={"color": COLORS["spec"]}, row=1, col=2)
-    fig.update_xaxes(type="log", row=1, col=2, title_text="max new tokens")
+    fig.update_xaxes(type="log", row=1, col=2, title_text="max new tokens", tickvals=[L for L, _ in pts])
     if res.drafts:
         fig.add_scatter(x=[d.tokens_per_iteration for d in res.drafts], y=[d.speedup for d in res.drafts],
                         mode="markers+text", text=[d.label for d in res.drafts], textposition="top center",
                         name="drafters", marker={"color": COLORS["accepted"], "size": 9}, row=1, col=3)
         fig.add_vline(x=RULE, line={"dash": "dash", "color": COLORS["rejected"], "width": 1}, row=1, col=3)
-        fig.update_xaxes(title_text="tokens / iteration", row=1, col=3)
+        xs = [d.tokens_per_iteration for d in res.drafts] + [RULE]
+        fig.update_xaxes(title_text="tokens / iteration", row=1, col=3, range=[min(xs) - 0.15, max(xs) + 0.25])
     for col in (1, 2, 3):
         fig.add_hline(y=1.0, line={"color": "rgba(140,140,140,0.7)", "width": 1}, row=1, col=col)
     fig.update_annotations(font_size=12)
     fig = _layout(fig, "When speculation stops paying", "", "speedup (×)", height=340)
+    fig.update_layout(margin={"t": 64}, title={"y": 0.98})
     fig.update_layout(xaxis_title="batch size B")
     return fig
 
