@@ -79,12 +79,12 @@ def figure(res: CostMapResult) -> go.Figure:
                         hovertemplate="α %{x:.2f}, c %{y:.2f}: %{z:.2f}x<extra></extra>", opacity=0.75)
     pts = [d for d in res.drafters if d.alpha is not None]
     if pts:
-        fig.add_scatter(x=[d.alpha for d in pts], y=[min(d.c, 1.0) for d in pts], mode="markers+text",
+        fig.add_scatter(x=[d.alpha for d in pts], y=[min(d.c, 1.1) for d in pts], mode="markers+text",
                         text=[f"{d.label} {d.speedup:.2f}x" for d in pts], textposition="top right",
                         marker={"color": COLORS["spec"], "size": 10, "line": {"color": "white", "width": 1}},
                         name="measured drafters (label: measured speedup)", textfont={"size": 10})
     fig.update_xaxes(range=[0, 1])
-    fig.update_yaxes(range=[0, 1])
+    fig.update_yaxes(range=[-0.04, 1.15])
     return _layout(fig, "Predicted speedup by α and c (best γ per cell, this CPU's v)", "α (per-position acceptance)",
                    "c (draft step / target step)", height=380)
 
