@@ -262,6 +262,7 @@ def build_demo() -> gr.Blocks:
                         C["export"] = gr.File(label="This run's events (JSON): download, or load it back under Replay")
                         C["result"] = gr.JSON(visible=False)
         C["runs"] = gr.State(None)
+        lab_tab(dict(pair=pair, target=target, drafter=drafter, prompt=prompt, chat=chat, temperature=temperature, seed=seed))
 
         outputs = list(C.values())
         inputs = [pair, target, drafter, prompt, chat, gamma, temperature, top_k, top_p, max_new, seed, costs,
@@ -283,6 +284,77 @@ def build_demo() -> gr.Blocks:
                   api_visibility="private")
     demo.queue(max_size=32, default_concurrency_limit=1)
     return demo
+
+
+def lab_tab(inputs: dict) -> None:
+    """The Lab: each experiment a button; streamed progress, a chart, the takeaway, Stop, JSON export.
+    ``inputs``: the page's pair/target/drafter/prompt/chat/temperature/seed components."""
+    import json
+    import tempfile
+    from functools import partial
+
+    from specviz.lab import EXPERIMENTS, experiment
+    from specviz.lab.broken import BROKEN
+    from specviz.lab.common import Progress, Settings
+
+    def bar(fraction: float) -> str:
+        n = round(20 * fraction)
+        return "█" * n + "░" * (20 - n)
+
+    def run_lab(name, variant, pair, target, drafter, prompt, chat, temperature, seed):
+        try:
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise SpecvizError("the prompt is empty: type one or pick an example")
+            mod = experiment(name)
+            custom_target = target if target and target != PAIR_CHOICE else None
+            custom_drafter = drafter if drafter and drafter != PAIR_CHOICE else None
+            load = partial(build_pipeline, REGISTRY, pair=None if custom_target else pair, target=custom_target,
+                           drafter=custom_drafter, device=DEVICE)
+            yield f"● loading the pair for **{md(EXPERIMENTS[name][1])}**…", gr.skip(), gr.skip(), gr.skip()
+            pipe = load(dtype=DTYPE)
+            s = Settings(prompt=prompt, chat=bool(chat), seed=int(seed or 0), temperature=float(temperature or 0),
+                         variant=variant)
+            stream = RUNNER.turns(lambda: mod.run(pipe, s, load),
+                                  on_wait=lambda ahead, eta: f"● waiting for the decoder: {ahead} ahead…")
+            for item in stream:
+                if isinstance(item, str):
+                    yield item, gr.skip(), gr.skip(), gr.skip()
+                elif isinstance(item, Progress):
+                    fig = mod.figure(item.partial) if item.partial is not None else gr.skip()
+                    yield f"`{bar(item.fraction)}` {item.done}/{item.total} · {md(item.message, 200)}", fig, gr.skip(), gr.skip()
+                else:
+                    path = tempfile.NamedTemporaryFile("w", suffix=f"-lab-{name}.json", delete=False).name
+                    with open(path, "w") as f:
+                        json.dump({"experiment": name, "pair": pipe.name, "settings": s.to_json(),
+                                   "result": item.to_json(), "takeaway": mod.takeaway(item)}, f)
+                    yield (f"■ done: **{md(EXPERIMENTS[name][1])}** on {md(pipe.name)}", mod.figure(item),
+                           md(mod.takeaway(item), 4000), path)
+        except SpecvizError as e:
+            yield f"**Error:** {md(str(e), 400)}", gr.skip(), gr.skip(), gr.skip()
+
+    with gr.Tabs():
+        with gr.Tab("Lab", elem_id="sv-lab"):
+            gr.Markdown("### The Lab: test the explainers' claims on this pair, this prompt, this hardware\n"
+                        "Each experiment takes up to a minute or so on a CPU. Settings: the pair, prompt, chat, "
+                        "temperature (the distribution checks use 0.7 when it is 0) and seed chosen above.")
+            with gr.Row():
+                buttons = {n: gr.Button(f"{i + 1}. {t}", elem_id=f"sv-lab-{n}", size="sm")
+                           for i, (n, (_, t, _)) in enumerate(EXPERIMENTS.items())}
+            with gr.Row():
+                variant = gr.Dropdown([(v.replace("_", " "), v) for v in BROKEN], value="raw_q",
+                                      label="Break it: the broken rule drawn in the chart (all are tested)")
+                stop = gr.Button("Stop", variant="stop", elem_id="sv-lab-stop", size="sm")
+            status = gr.Markdown("Pick an experiment.", elem_id="sv-lab-status")
+            plot = gr.Plot(show_label=False, elem_id="sv-lab-plot")
+            note = gr.Markdown("", elem_id="sv-lab-takeaway")
+            export = gr.File(label="This experiment's result (JSON)")
+            keys = ["pair", "target", "drafter", "prompt", "chat", "temperature", "seed"]
+            events = []
+            for name, btn in buttons.items():
+                events.append(btn.click(partial(run_lab, name), [variant] + [inputs[k] for k in keys],
+                                        [status, plot, note, export], concurrency_id="decode",
+                                        api_name=f"lab_{name}", show_progress="hidden"))
+            stop.click(lambda: "■ stopped", None, [status], cancels=events, api_visibility="private")
 
 
 def device_label() -> str:

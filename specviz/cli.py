@@ -11,6 +11,7 @@ import sys
 
 from . import vllm_cli
 from .errors import SpecvizError
+from .lab.cli import add_parser as _add_lab, main as _lab
 
 _PROG = "python -m specviz"
 
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-peer", action="store_true", help="skip transformers' assisted generation")
     p.add_argument("--json", action="store_true")
     vllm_cli.add_parser(sub)  # vllm-serve: its own module (specviz never imports vllm)
+    _add_lab(sub)
     return ap
 
 
@@ -191,8 +193,9 @@ def cmd_bench(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.cmd == "vllm-serve": return vllm_cli.main(args)  # noqa: E701
-        return {"pairs": cmd_pairs, "run": cmd_run, "check": cmd_check, "bench": cmd_bench}[args.cmd](args)
+        commands = {"pairs": cmd_pairs, "run": cmd_run, "check": cmd_check, "bench": cmd_bench, "lab": _lab,
+                    "vllm-serve": vllm_cli.main}
+        return commands[args.cmd](args)
     except SpecvizError as e:
         print(f"specviz: error: {e}", file=sys.stderr)
         return 2

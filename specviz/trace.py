@@ -171,6 +171,13 @@ class Trace:
             out[len(e.proposed)] = out.get(len(e.proposed), 0.0) + e.verify_ms
         return out
 
+    def elapsed_at(self, tokens: int) -> float | None:
+        """Wall ms (prefill included) until the run had emitted ``tokens`` tokens; None if it never did."""
+        for e in self.iterations:
+            if e.tokens_total >= tokens:
+                return e.elapsed_ms
+        return None
+
     def time_split(self) -> dict[str, float]:
         prefill = self.start.prefill_ms if self.start else 0.0
         draft = sum(e.draft_ms for e in self.iterations)

@@ -177,13 +177,12 @@ def test_seed_reproduces_sampled_output(target_model, draft_model, tok):
     assert run(5) != run(6)
 
 
-def test_stops_at_eos(target_model, tok, monkeypatch):
-    target = CachedLM(target_model, len(tok))
+def test_stops_at_eos(target_model, tok):
     ids = encode_prompt(tok, "stop here", True)
     cfg = DecodeConfig(gamma=4, max_new_tokens=40)
-    truth = vanilla_ids(target, tok, ids, cfg)
+    truth = vanilla_ids(CachedLM(target_model, len(tok)), tok, ids, cfg)
     stop_token = truth[7]
-    monkeypatch.setattr(engine, "eos_ids", lambda *a: {stop_token})
+    target = CachedLM(target_model, len(tok), eos={stop_token})  # the target says what ends a sequence
     want = truth[: truth.index(stop_token) + 1]
     for make in (lambda: PromptLookupDrafter(), lambda: ModelDrafter(target_model)):
         out = list(speculative_decode(target, make(), tok, ids, cfg))[-1]

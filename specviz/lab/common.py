@@ -1,0 +1,128 @@
+"""What every experiment shares: its settings, its progress records, and running a drafter
+against vanilla decoding on the loaded target (measured, never estimated)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Iterator
+
+from ..drafters import Drafter, PromptLookupDrafter
+from ..engine import DecodeConfig
+from ..pipeline import Pipeline
+from ..sampling import SamplingConfig
+from ..trace import Speedup, Trace, compare_speed
+
+
+@dataclass
+class Settings:
+    """What the page or the command line chose. ``None`` lets each experiment pick a default
+    sized to finish in well under 90 s on a 2-core CPU."""
+
+    prompt: str
+    chat: bool = True
+    seed: int = 0
+    gamma: int | None = None  # the pair's when None
+    temperature: float = 0.0  # for runs; the distribution checks use ``check_temperature`` when this is 0
+    check_temperature: float = 0.7
+    max_new_tokens: int | None = None
+    samples: int | None = None  # distribution check: real speculative iterations
+    break_samples: int | None = None  # break-it: draws per rule variant
+    variant: str | None = None  # break-it variant shown in the figure (all are tested)
+    gammas: list[int] | None = None
+    depths: list[int] | None = None
+    batches: list[int] | None = None
+    lengths: list[int] | None = None
+    dtype_control: bool = True  # same_outputs: also load a bfloat16 copy of the target
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Progress:
+    """A step of an experiment: ``done`` of ``total`` units, what is happening, and (when the
+    chart can already grow) the partial result."""
+
+    done: int
+    total: int
+    message: str
+    partial: object | None = None
+    event: str = "progress"
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.done / self.total) if self.total else 0.0
+
+    def to_json(self) -> dict:
+        return {"event": self.event, "done": self.done, "total": self.total, "message": self.message}
+
+
+def jsonable(obj):
+    """A result dataclass as plain JSON values (NaN/inf become None)."""
+    if is_dataclass(obj):
+        obj = asdict(obj)
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    return obj
+
+
+def greedy_cfg(gamma: int, max_new_tokens: int, seed: int = 0, temperature: float = 0.0) -> DecodeConfig:
+    return DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens,
+                        sampling=SamplingConfig(temperature=temperature), seed=seed)
+
+
+def with_drafter(pipe: Pipeline, drafter: Drafter) -> Pipeline:
+    """The same loaded target (and its cost profile) with another drafter."""
+    return Pipeline(pipe.name, pipe.target, drafter, pipe.gamma, pipe.draft)
+
+
+def fixed_length(drafter: Drafter) -> Drafter:
+    """A drafter that proposes as many tokens as asked (where it can): prompt lookup without
+    its cost-aware length choice; model and early-exit drafters already do."""
+    if isinstance(drafter, PromptLookupDrafter) and drafter.adaptive:
+        return PromptLookupDrafter(drafter.max_ngram, drafter.min_ngram, adaptive=False, vote=drafter.vote,
+                                   datastore=drafter.datastore)
+    return drafter
+
+
+def run_trace(stream: Iterator) -> Trace:
+    return Trace.of(stream)
+
+
+@dataclass
+class Measured:
+    """One drafter on the prompt against vanilla decoding: what the bench measures, for one prompt."""
+
+    label: str
+    gamma: int
+    tokens: int
+    iterations: int
+    tokens_per_iteration: float
+    alpha: float | None  # accepted / examined (per-position acceptance)
+    acceptance_rate: float | None  # accepted / proposed
+    by_position: list[list[int]]
+    c: float  # draft cost per proposed token, in vanilla steps
+    v: dict  # verify cost per proposal length, in vanilla steps
+    speedup: float  # tokens/s ratio, prefill included
+    decode_speedup: float  # without the prefill
+    predicted: float  # theory's decode speedup from this run's alpha, c, v
+    output_ids: list[int] = field(default_factory=list, repr=False)
+
+
+def measure(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, vanilla: Trace, label: str) -> tuple[Measured, Trace]:
+    spec = run_trace(pipe.speculative(ids, cfg))
+    s: Speedup = compare_speed(spec, vanilla)
+    m = Measured(label, cfg.gamma, spec.tokens, len(spec.iterations), s.tokens_per_iteration, spec.alpha,
+                 spec.acceptance_rate, [list(r) for r in spec.by_position()], s.c,
+                 {int(k): v for k, v in s.v.items()}, s.speedup, s.decode_speedup, s.predicted, spec.output_ids)
+    return m, spec
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0%}"

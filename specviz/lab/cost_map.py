@@ -1,0 +1,108 @@
+"""4. What does the draft have to cost? Predicted speedup over acceptance alpha and draft cost c
+(at this hardware's measured verify cost v, each cell at its best gamma), with every drafter
+measured on this prompt placed on the map."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import plotly.graph_objects as go
+
+from ..drafters import kind
+from ..pipeline import Pipeline
+from ..theory import best_gamma
+from ..view.charts import COLORS, _layout
+from .common import Measured, Progress, Settings, greedy_cfg, jsonable, measure, run_trace, with_drafter
+
+ALPHAS = [i / 20 for i in range(20)]  # 0 .. 0.95
+COSTS = [i / 20 for i in range(21)]  # 0 .. 1
+
+
+@dataclass
+class CostMapResult:
+    pair: str
+    v: list[float] = field(default_factory=list)
+    alphas: list[float] = field(default_factory=lambda: list(ALPHAS))
+    costs: list[float] = field(default_factory=lambda: list(COSTS))
+    speedup: list[list[float]] = field(default_factory=list)  # [cost][alpha] at the best gamma
+    best: list[list[int]] = field(default_factory=list)
+    drafters: list[Measured] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return jsonable(self)
+
+
+def _drafter_specs(pipe: Pipeline, depths: list[int]) -> list[tuple[str, dict, int]]:
+    specs = [("lookup", {"kind": "prompt_lookup", "max_ngram": 4}, 10)]
+    store = getattr(pipe.drafter, "datastore", None)
+    own = pipe.drafter.describe()
+    if store is not None:
+        specs.append(("lookup + datastore", None, pipe.gamma))  # the pair's own drafter
+    elif own.get("kind") == "model":
+        specs.append((pipe.drafter.name, None, pipe.gamma))
+    specs += [(f"early exit {L}", {"kind": "early_exit", "layers": L}, 3) for L in depths]
+    return specs
+
+
+def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None) -> Iterator:
+    ids = pipe.encode(s.prompt, s.chat)
+    layers = len(pipe.target.model.get_decoder().layers)
+    depths = s.depths or sorted({max(1, layers * f // 10) for f in (3, 6, 9)})
+    n = s.max_new_tokens or 32
+    res = CostMapResult(pipe.name)
+    specs = _drafter_specs(pipe, depths)
+    total = len(specs) + 1
+    yield Progress(0, total, "this hardware's verify cost v(g) and a vanilla baseline")
+    res.v = pipe.target_lm.cost_profile(17, ids)
+    for c in res.costs:
+        row = [best_gamma(a, c, res.v, 16) for a in res.alphas]
+        res.speedup.append([sp for _, sp in row])
+        res.best.append([g for g, _ in row])
+    vanilla = run_trace(pipe.vanilla(ids, greedy_cfg(1, n, s.seed, s.temperature)))
+    for i, (label, spec, gamma) in enumerate(specs):
+        yield Progress(i + 1, total, f"measuring {label}", res)
+        p = pipe if spec is None else with_drafter(pipe, kind(spec["kind"]).build(spec, pipe.target, None))
+        m, _ = measure(p, ids, greedy_cfg(gamma, n, s.seed, s.temperature), vanilla, label)
+        res.drafters.append(m)
+    yield Progress(total, total, "done", res)
+    yield res
+
+
+def figure(res: CostMapResult) -> go.Figure:
+    fig = go.Figure()
+    if res.speedup:
+        fig.add_contour(x=res.alphas, y=res.costs, z=res.speedup, colorscale="RdBu", zmid=1.0, zmin=0, zmax=3,
+                        contours={"start": 0.5, "end": 3, "size": 0.25, "showlabels": True,
+                                  "labelfont": {"size": 9, "color": "#555"}},
+                        colorbar={"title": {"text": "×", "side": "top"}, "thickness": 10}, name="predicted",
+                        hovertemplate="α %{x:.2f}, c %{y:.2f}: %{z:.2f}x<extra></extra>", opacity=0.75)
+    pts = [d for d in res.drafters if d.alpha is not None]
+    if pts:
+        fig.add_scatter(x=[d.alpha for d in pts], y=[min(d.c, 1.1) for d in pts], mode="markers+text",
+                        text=[f"{d.label} {d.speedup:.2f}x" for d in pts], textposition="top right",
+                        marker={"color": COLORS["spec"], "size": 10, "line": {"color": "white", "width": 1}},
+                        name="measured drafters (label: measured speedup)", textfont={"size": 10})
+    fig.update_xaxes(range=[0, 1])
+    fig.update_yaxes(range=[-0.04, 1.15])
+    return _layout(fig, "Predicted speedup by α and c (best γ per cell, this CPU's v)", "α (per-position acceptance)",
+                   "c (draft step / target step)", height=380)
+
+
+def takeaway(res: CostMapResult) -> str:
+    if not res.drafters:
+        return "No drafter measured."
+    best = max(res.drafters, key=lambda d: d.speedup)
+    lines = []
+    for d in res.drafters:
+        a = "n/a" if d.alpha is None else f"{d.alpha:.2f}"
+        lines.append(f"{d.label}: α = {a}, c = {d.c:.2f}, measured {d.speedup:.2f}x (predicted {d.predicted:.2f}x)")
+    # the break-even acceptance for a free draft and for a draft at half a target step
+    def breakeven(c_index: int) -> float | None:
+        row = res.speedup[c_index]
+        return next((a for a, sp in zip(res.alphas, row) if sp > 1.0), None)
+    free, half = breakeven(0), breakeven(len(res.costs) // 2)
+    need = (f"On this CPU a free draft pays from α ≈ {free:.2f}" if free is not None else "Even a free draft does not pay")
+    need += (f", a draft at half a target step only from α ≈ {half:.2f}." if half is not None
+             else "; a draft at half a target step never does.")
+    return f"{need} Measured here: " + "; ".join(lines) + f". Best: {best.label}."

@@ -1,0 +1,115 @@
+"""5. Take it to production: the vLLM configuration equivalent to the chosen pair and gamma
+(checked against vLLM's current docs: ``--speculative-config`` with ``method`` ``draft_model``,
+``ngram`` or ``suffix``) and which vLLM metric corresponds to each specviz statistic, with this
+prompt's measured values in vLLM's definitions."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import plotly.graph_objects as go
+
+from ..pipeline import Pipeline
+from ..view.charts import COLORS, _layout
+from .common import Progress, Settings, greedy_cfg, jsonable, run_trace
+
+
+@dataclass
+class ProductionResult:
+    pair: str
+    gamma: int
+    configs: list[dict] = field(default_factory=list)  # {"label", "speculative_config", "command", "note"}
+    metrics: list[dict] = field(default_factory=list)  # {"specviz", "vllm", "value"}
+    by_position: list[list[int]] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return jsonable(self)
+
+
+def _hub_id(pipe: Pipeline, registry_name: str | None) -> str:
+    src = getattr(pipe.target, "source", "") or ""
+    return src.split("hub ", 1)[1] if src.startswith("hub ") else {
+        "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}.get(registry_name or pipe.target.name, pipe.target.name)
+
+
+def configs(pipe: Pipeline, gamma: int) -> list[dict]:
+    target = _hub_id(pipe, pipe.target.name)
+    d = pipe.drafter.describe()
+    out = []
+
+    def add(label, cfg, note):
+        cmd = f"vllm serve {target} --speculative-config '{json.dumps(cfg)}' --per-request-spec-decode-metrics detailed"
+        out.append({"label": label, "speculative_config": cfg, "command": cmd, "note": note})
+
+    if d["kind"] == "prompt_lookup":
+        add("n-gram lookup", {"method": "ngram", "num_speculative_tokens": gamma,
+                              "prompt_lookup_max": d.get("max_ngram", 4), "prompt_lookup_min": d.get("min_ngram", 1)},
+            "vLLM proposes a fixed number of tokens per match; specviz's cost-aware length choice has no equivalent.")
+        if d.get("datastore_tokens"):
+            add("suffix decoding (past answers)", {"method": "suffix", "num_speculative_tokens": gamma},
+                "the closest match to specviz's datastore: a global suffix tree over earlier outputs (needs arctic-inference).")
+    elif d["kind"] == "model":
+        draft = _hub_id(pipe, getattr(pipe.draft, "name", None)) if pipe.draft else "DRAFT"
+        add("draft model", {"method": "draft_model", "model": draft, "num_speculative_tokens": gamma},
+            "same tokenizer required, as in specviz.")
+    else:
+        layers = d.get("layers")
+        add("early exit (as a draft model)", {"method": "draft_model", "model": f"./{target.split('/')[-1]}-first-{layers}-layers",
+                                              "num_speculative_tokens": gamma},
+            f"vLLM has no layer-skip drafter: save the target's first {layers} layers + norm + head as a checkpoint "
+            "(or write a custom_class proposer). It then costs its own weights' memory, unlike specviz's shared view.")
+    return out
+
+
+def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None) -> Iterator:
+    gamma = s.gamma or pipe.gamma
+    n = s.max_new_tokens or 48
+    res = ProductionResult(pipe.name, gamma, configs(pipe, gamma))
+    yield Progress(0, 1, f"one speculative run of {n} tokens for the metrics", res)
+    ids = pipe.encode(s.prompt, s.chat)
+    tr = run_trace(pipe.speculative(ids, greedy_cfg(gamma, n, s.seed, s.temperature)))
+    drafts = [e for e in tr.iterations if e.proposed]  # vLLM skips steps without a draft
+    accepted = sum(e.accepted for e in drafts)
+    proposed = sum(len(e.proposed) for e in drafts)
+    res.by_position = [list(r) for r in tr.by_position()]
+    per_pos = [k for k, _ in tr.by_position()]
+    res.metrics = [
+        {"specviz": "tokens per iteration over iterations that drafted", "vllm": "mean_acceptance_length = 1 + accepted / drafts",
+         "value": round(1 + accepted / len(drafts), 3) if drafts else None},
+        {"specviz": "acceptance rate (accepted / proposed)", "vllm": "draft_acceptance_rate; vllm:spec_decode_num_accepted_tokens_total / vllm:spec_decode_num_draft_tokens_total",
+         "value": round(accepted / proposed, 3) if proposed else None},
+        {"specviz": "iterations that drafted", "vllm": "num_spec_steps; vllm:spec_decode_num_drafts_total", "value": len(drafts)},
+        {"specviz": "proposed tokens", "vllm": "num_draft_tokens; vllm:spec_decode_num_draft_tokens_total", "value": proposed},
+        {"specviz": "accepted tokens", "vllm": "num_accepted_draft_tokens; vllm:spec_decode_num_accepted_tokens_total", "value": accepted},
+        {"specviz": "acceptance by draft position (kept counts)", "vllm": "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=i}",
+         "value": per_pos},
+        {"specviz": "accepted length histogram", "vllm": "acceptance_histogram (per request, detailed)",
+         "value": tr.accepted_length_counts()[0]},
+        {"specviz": "per-iteration proposed / accepted (iteration view)", "vllm": "per_step_drafted / per_step_accepted (detailed)",
+         "value": None},
+    ]
+    yield Progress(1, 1, "done", res)
+    yield res
+
+
+def figure(res: ProductionResult) -> go.Figure:
+    fig = go.Figure()
+    rows = res.by_position
+    fig.add_bar(x=[str(i) for i in range(len(rows))], y=[k for k, _ in rows], name="kept (specviz)",
+                marker_color=COLORS["accepted"], text=[f"{k}/{n}" for k, n in rows], textposition="outside")
+    return _layout(fig, "vllm:spec_decode_num_accepted_tokens_per_pos_total, measured here",
+                   "position label in vLLM (0 = first draft token)", "accepted tokens", height=260)
+
+
+def takeaway(res: ProductionResult) -> str:
+    lines = [f"For {res.pair} at γ = {res.gamma}:"]
+    for c in res.configs:
+        lines.append(f"{c['label']}: `{c['command']}` ({c['note']})")
+    m = {x["specviz"]: x["value"] for x in res.metrics}
+    mal = m.get("tokens per iteration over iterations that drafted")
+    rate = m.get("acceptance rate (accepted / proposed)")
+    lines.append(f"Expect vLLM to report mean_acceptance_length ≈ {mal} and draft_acceptance_rate ≈ {rate} on this "
+                 "prompt if it proposes what specviz proposed (vLLM's n-gram length is fixed, so it usually proposes more).")
+    return "\n\n".join(lines)

@@ -1,0 +1,174 @@
+"""3. When not to use it. (a) batch size: the measured cost of one target pass over B sequences x
+(gamma + 1) tokens against B x 1, and the speedup the measured alpha would give at each B
+(predicted from measured costs); (b) short outputs: measured speedup against max new tokens,
+prefill included; (c) poor drafts: early exit at several depths, acceptance, cost and speedup,
+with the "below ~1.5 tokens per iteration it does not pay" rule checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+from transformers import DynamicCache
+
+from ..backends.base import Timer
+from ..drafters import kind
+from ..pipeline import Pipeline
+from ..theory import predicted_speedup
+from ..view.charts import COLORS, _layout
+from .common import Measured, Progress, Settings, greedy_cfg, jsonable, measure, run_trace, with_drafter
+
+RULE = 1.5  # tokens per iteration below which explainers say speculation does not pay
+
+
+@dataclass
+class BatchPoint:
+    batch: int
+    one_ms: float  # B x 1 token
+    verify_ms: float  # B x (gamma + 1) tokens
+    v: float  # verify_ms / one_ms
+    predicted: float  # expected tokens / (gamma c + v) at the measured alpha
+
+
+@dataclass
+class WhenNotResult:
+    pair: str
+    device: str = "cpu"
+    gamma: int = 0
+    alpha: float | None = None
+    c: float = 0.0
+    batches: list[BatchPoint] = field(default_factory=list)
+    lengths: list[tuple[int, float | None]] = field(default_factory=list)  # (max new tokens, measured speedup)
+    drafts: list[Measured] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return jsonable(self)
+
+    def rule_agrees(self) -> list[bool]:
+        """Per draft: does "below 1.5 tokens per iteration it does not pay" match the measurement?"""
+        return [(d.tokens_per_iteration < RULE) == (d.speedup < 1.0) for d in self.drafts]
+
+
+@torch.inference_mode()
+def batch_cost(model: torch.nn.Module, context: list[int], batch: int, tokens: int, reps: int = 3) -> tuple[float, float]:
+    """Median ms of one forward pass over (batch, 1) and (batch, tokens) after a shared context."""
+    device = next(model.parameters()).device
+    ctx = torch.tensor([context] * batch, device=device)
+    cache = DynamicCache(config=model.config)
+    cache.activate_past_recording()  # as the backend does: keeps sliding-window layers croppable
+    model(input_ids=ctx, cache=cache, use_cache=True, logits_to_keep=1)
+    out = {}
+    for n in (1, tokens):
+        times = []
+        step = torch.tensor([context[-n:] if len(context) >= n else (context * n)[:n]] * batch, device=device)
+        for _ in range(reps):
+            with Timer(device) as t:
+                model(input_ids=step, cache=cache, use_cache=True, logits_to_keep=n)
+            cache.crop(-n)
+            times.append(t.ms)
+        out[n] = sorted(times)[len(times) // 2]
+    return out[1], out[tokens]
+
+
+def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None) -> Iterator:
+    ids = pipe.encode(s.prompt, s.chat)
+    batches = s.batches or [1, 2, 4, 8, 16, 32]
+    slow_draft = getattr(pipe.drafter, "lm", None) is not None  # a model draft: 128 tokens take too long on a CPU
+    lengths = s.lengths or ([8, 16, 32, 64] if slow_draft else [8, 16, 32, 64, 128])
+    layers = len(pipe.target.model.get_decoder().layers)
+    depths = s.depths or sorted({max(1, layers * f // 10) for f in (2, 5, 8)})
+    res = WhenNotResult(pipe.name, pipe.target.device.type)
+    total = 2 + len(batches) + len(depths)
+    done = 0
+    # (b) one speculative and one vanilla run to the longest length; shorter outputs are their prefixes
+    n = max(lengths)
+    yield Progress(done, total, f"(b) speculative and vanilla decoding of up to {n} tokens")
+    cfg = greedy_cfg(s.gamma or pipe.gamma, n, s.seed, s.temperature)
+    vanilla = run_trace(pipe.vanilla(ids, cfg))
+    m, spec = measure(pipe, ids, cfg, vanilla, "pair's drafter")
+    for L in lengths:
+        a, b = spec.elapsed_at(L), vanilla.elapsed_at(L)
+        res.lengths.append((L, b / a if a and b else None))
+    res.alpha, res.c = m.alpha, m.c
+    proposing = [len(e.proposed) for e in spec.iterations if e.proposed]
+    res.gamma = max(1, round(sum(proposing) / len(proposing))) if proposing else cfg.gamma
+    done += 2
+    # (a) batch cost at the measured alpha and mean proposal length
+    for B in batches:
+        yield Progress(done, total, f"(a) batch {B}: {B} x 1 vs {B} x {res.gamma + 1} tokens", res)
+        one, ver = batch_cost(pipe.target.model, ids, B, res.gamma + 1)
+        v = ver / one
+        res.batches.append(BatchPoint(B, one, ver, v, predicted_speedup(res.alpha or 0.0, res.gamma, res.c, v)))
+        done += 1
+    # (c) poor drafts: early exit at several depths (one shorter vanilla run as their baseline)
+    short = s.max_new_tokens or 32
+    base = run_trace(pipe.vanilla(ids, greedy_cfg(1, short, s.seed, s.temperature)))
+    for L in depths:
+        yield Progress(done, total, f"(c) early exit at layer {L} of {layers}", res)
+        drafter = kind("early_exit").build({"kind": "early_exit", "layers": L}, pipe.target, None)
+        g = 3
+        dm, _ = measure(with_drafter(pipe, drafter), ids, greedy_cfg(g, short, s.seed, s.temperature), base,
+                        f"exit {L}/{layers}")
+        res.drafts.append(dm)
+        done += 1
+    res.drafts.insert(0, m)
+    yield Progress(total, total, "done", res)
+    yield res
+
+
+def figure(res: WhenNotResult) -> go.Figure:
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
+        f"(a) batch size (predicted, γ = {res.gamma})", "(b) output length (measured)", "(c) draft quality (measured)"))
+    if res.batches:
+        bs = [b.batch for b in res.batches]
+        fig.add_scatter(x=bs, y=[b.predicted for b in res.batches], mode="lines+markers", name="predicted speedup",
+                        line={"color": COLORS["theory"]}, row=1, col=1)
+        fig.add_scatter(x=bs, y=[b.v for b in res.batches], mode="lines+markers", name="verify cost v (× a B×1 pass)",
+                        line={"color": COLORS["verify"], "dash": "dot"}, row=1, col=1)
+        fig.update_xaxes(type="log", row=1, col=1, title_text="batch size B", tickvals=bs)
+    pts = [(L, s) for L, s in res.lengths if s is not None]
+    fig.add_scatter(x=[L for L, _ in pts], y=[s for _, s in pts], mode="lines+markers", name="speedup by length",
+                    line={"color": COLORS["spec"]}, row=1, col=2)
+    fig.update_xaxes(type="log", row=1, col=2, title_text="max new tokens", tickvals=[L for L, _ in pts])
+    if res.drafts:
+        fig.add_scatter(x=[d.tokens_per_iteration for d in res.drafts], y=[d.speedup for d in res.drafts],
+                        mode="markers+text", text=[d.label for d in res.drafts], textposition="top center",
+                        name="drafters", marker={"color": COLORS["accepted"], "size": 9}, row=1, col=3)
+        fig.add_vline(x=RULE, line={"dash": "dash", "color": COLORS["rejected"], "width": 1}, row=1, col=3)
+        xs = [d.tokens_per_iteration for d in res.drafts] + [RULE]
+        fig.update_xaxes(title_text="tokens / iteration", row=1, col=3, range=[min(xs) - 0.15, max(xs) + 0.25])
+    for col in (1, 2, 3):
+        fig.add_hline(y=1.0, line={"color": "rgba(140,140,140,0.7)", "width": 1}, row=1, col=col)
+    fig.update_annotations(font_size=12)
+    fig = _layout(fig, "When speculation stops paying", "", "speedup (×)", height=340)
+    fig.update_layout(margin={"t": 64}, title={"y": 0.98})
+    fig.update_layout(xaxis_title="batch size B")
+    return fig
+
+
+def takeaway(res: WhenNotResult) -> str:
+    lines = []
+    if res.batches:
+        b1, bn = res.batches[0], res.batches[-1]
+        turn = next((b.batch for b in res.batches if b.predicted < 1.0), None)
+        lines.append(f"(a) Verifying {res.gamma + 1} tokens costs {b1.v:.2f}x a 1-token pass at batch 1 and "
+                     f"{bn.v:.2f}x at batch {bn.batch} on this {res.device}; at the measured α = "
+                     f"{(res.alpha or 0):.2f} the predicted speedup goes from {b1.predicted:.2f}x to {bn.predicted:.2f}x"
+                     + (f" and falls below 1 from batch {turn}." if turn else ".")
+                     + " (Predicted from measured costs; a GPU shows the memory-bound to compute-bound turn later.)")
+    pts = [(L, s) for L, s in res.lengths if s is not None]
+    if pts:
+        lines.append("(b) Measured speedup, prefill included: " + ", ".join(f"{s:.2f}x at {L}" for L, s in pts)
+                     + " tokens.")
+    if res.drafts:
+        agree = res.rule_agrees()
+        parts = ", ".join(f"{d.label}: {d.tokens_per_iteration:.2f} tok/it, c = {d.c:.2f}, {d.speedup:.2f}x"
+                          for d in res.drafts)
+        lines.append(f"(c) {parts}. The 'below {RULE} tokens per iteration it does not pay' rule matches "
+                     f"{sum(agree)} of {len(agree)} drafters here" + (
+                         "" if all(agree) else " (it ignores the draft's cost c: a costly draft needs more, a free one less)")
+                     + ".")
+    return " ".join(lines)

@@ -1,0 +1,185 @@
+"""The Lab's experiments on tiny models: their numbers (never their timings), break-it's power and
+false-alarm rate, the CLI, and the Lab tab in a browser."""
+
+import json
+import shutil
+import time
+
+import pytest
+import torch
+
+from specviz.lab import EXPERIMENTS, broken, experiment
+from specviz.lab.common import Progress, Settings
+from specviz.lab.stats import fit
+from specviz.pipeline import build_pipeline
+from specviz.registry import load_registry
+
+PROMPT = "abc abc abc abc"
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_registry):
+    reg = load_registry(tiny_registry)
+
+    def make(pair="tiny-draft", dtype="float32", **kw):
+        return build_pipeline(reg, pair=pair, device="cpu", dtype=dtype, **kw)
+    return make
+
+
+def _run(name, pipe, load=None, **kw):
+    items = list(experiment(name).run(pipe, Settings(prompt=PROMPT, **kw), load))
+    assert all(isinstance(i, Progress) for i in items[:-1]) and not isinstance(items[-1], Progress)
+    assert [i.done for i in items[:-1]] == sorted(i.done for i in items[:-1])  # progress only grows
+    res = items[-1]
+    json.dumps(res.to_json())  # exportable
+    mod = experiment(name)
+    assert mod.figure(res).to_dict()["data"]
+    assert isinstance(mod.takeaway(res), str) and mod.takeaway(res)
+    return res
+
+
+def test_same_outputs_numbers(tiny):
+    pipe = tiny()
+    res = _run("same_outputs", pipe, load=lambda dtype: tiny(dtype=dtype), max_new_tokens=16, samples=50)
+    assert [g.dtype for g in res.greedy] == ["float32", "bfloat16"]
+    assert res.greedy[0].identical  # greedy speculative == vanilla in float32
+    assert res.real.samples == 50 and res.real.passed
+    rules = {c.rule: c for c in res.broken}
+    assert set(rules) == set(broken.VARIANTS) and rules["correct"].passed
+    assert all(c.samples == 2000 for c in res.broken)
+
+
+def _rows(tiny, temperature=0.7):
+    from specviz.backends.transformers import CachedLM
+    from specviz.sampling import SamplingConfig, logits_to_probs
+
+    pipe = tiny()
+    ids = pipe.encode(PROMPT) + pipe.tokenizer.encode("the cat sat on the mat", add_special_tokens=False)
+    s = SamplingConfig(temperature=temperature)
+    pl = pipe.target_lm.feed(ids, keep_logits=len(ids) - 4)
+    ql = CachedLM(pipe.drafter.lm.model, pipe.target_lm.vocab_size).feed(ids, keep_logits=len(ids) - 4)
+    return logits_to_probs(pl, s), logits_to_probs(ql, s), ql.softmax(-1)
+
+
+def test_laws_match_the_rule(tiny):
+    """The exact law of each rule: the correct one is p; sampling agrees with each law."""
+    P, Q, Q_raw = _rows(tiny)
+    j = 3
+    assert broken.tv(broken.law("correct", P[j], Q[j], Q_raw[j]), P[j]) == 0
+    for rule in broken.VARIANTS:
+        law = broken.law(rule, P[j], Q[j], Q_raw[j])
+        assert abs(float(law.sum()) - 1) < 1e-6  # p itself is float32
+        counts = broken.draw_counts(rule, P[j], Q[j], Q_raw[j], 4000, 7)
+        exact = {int(t): float(law[t]) for t in torch.nonzero(law > 0).flatten()}
+        assert fit(counts, exact).p_value > 1e-3, rule
+
+
+@pytest.mark.parametrize("rule", broken.BROKEN)
+def test_break_it_catches_each_broken_rule(tiny, rule):
+    """At the default 2000 draws, where the bug shows: p < 1e-3 for the broken rule, while the
+    correct rule at the same position passes (fixed seeds)."""
+    P, Q, Q_raw = _rows(tiny)
+    j, dist = broken.where_it_shows(rule, P, Q, Q_raw)
+    exact = {int(t): float(P[j][t]) for t in torch.nonzero(P[j] > 0).flatten()}
+    assert fit(broken.draw_counts(rule, P[j], Q[j], Q_raw[j], 2000, 1), exact).p_value < 1e-3
+    assert fit(broken.draw_counts("correct", P[j], Q[j], Q_raw[j], 2000, 1), exact).p_value > 1e-3
+
+
+def test_false_alarm_rate_of_the_correct_rule(tiny):
+    """The correct rule over 300 seeds at the default 2000 draws: p < 1e-3 at most twice
+    (chi-square's nominal false-alarm rate is 0.1%; measured here: see the assert)."""
+    P, Q, Q_raw = _rows(tiny)
+    j = broken.where_it_shows("resample_from_p", P, Q, Q_raw)[0]
+    exact = {int(t): float(P[j][t]) for t in torch.nonzero(P[j] > 0).flatten()}
+    alarms = sum(fit(broken.draw_counts("correct", P[j], Q[j], Q_raw[j], 2000, seed), exact).p_value < 1e-3
+                 for seed in range(300))
+    assert alarms <= 2
+
+
+def test_gamma_sweep_numbers(tiny):
+    res = _run("gamma_sweep", tiny(), gammas=[1, 2, 4], max_new_tokens=16)
+    assert [r.gamma for r in res.runs] == [1, 2, 4] and res.policy is not None
+    assert all(r.tokens == 16 for r in res.runs)
+    assert 0 <= res.alpha <= 1 and len(res.v) >= 5 and set(res.theory) == {1, 2, 4}
+    # tokens per iteration under the i.i.d. law never fall as gamma grows
+    assert list(res.theory_tokens.values()) == sorted(res.theory_tokens.values())
+    kept = sum(k for r in res.runs for k, _ in r.by_position)
+    seen = sum(n for r in res.runs for _, n in r.by_position)
+    assert res.alpha == pytest.approx(kept / seen)
+
+
+def test_when_not_numbers(tiny):
+    res = _run("when_not", tiny(), batches=[1, 4], lengths=[4, 8], depths=[1, 3], max_new_tokens=8)
+    assert [b.batch for b in res.batches] == [1, 4] and all(b.v > 0 for b in res.batches)
+    assert [L for L, _ in res.lengths] == [4, 8]
+    assert [d.label for d in res.drafts][1:] == ["exit 1/4", "exit 3/4"]
+    assert len(res.rule_agrees()) == 3
+
+
+def test_cost_map_numbers(tiny):
+    res = _run("cost_map", tiny(), depths=[2], max_new_tokens=8)
+    assert len(res.speedup) == len(res.costs) and len(res.speedup[0]) == len(res.alphas)
+    assert res.speedup[0][-1] > res.speedup[-1][-1]  # a dearer draft is predicted slower
+    assert [d.label for d in res.drafters] == ["lookup", "draft tiny-draft", "early exit 2"]
+
+
+def test_production_config_and_metrics(tiny):
+    res = _run("production", tiny("tiny-lookup"), max_new_tokens=16)
+    cfg = res.configs[0]["speculative_config"]
+    assert cfg["method"] == "ngram" and cfg["num_speculative_tokens"] == 5
+    res = _run("production", tiny(), max_new_tokens=16)
+    assert res.configs[0]["speculative_config"]["method"] == "draft_model"
+    names = [m["vllm"] for m in res.metrics]
+    assert any("num_accepted_tokens_per_pos" in n for n in names)
+
+
+def test_broken_rules_are_not_reachable_from_a_normal_run():
+    import specviz.acceptance
+    import specviz.engine
+
+    for mod in (specviz.engine, specviz.acceptance):
+        assert "broken" not in open(mod.__file__).read()
+
+
+def test_cli_lab_json(tiny_registry, capsys):
+    from specviz.cli import main
+
+    code = main(["lab", "production", "--models", str(tiny_registry), "--pair", "tiny-draft", "--prompt", PROMPT,
+                 "--max-new-tokens", "8", "--json"])
+    lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
+    assert code == 0 and lines[-1]["event"] == "result" and lines[-1]["experiment"] == "production"
+    assert main(["lab", "list"]) == 0 and set(EXPERIMENTS) <= set(capsys.readouterr().out.split())
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_browser_lab_runs_an_experiment(tiny_registry, monkeypatch):
+    from playwright.sync_api import sync_playwright
+
+    import app as app_module
+    from tests.test_app import free_port
+
+    monkeypatch.setattr(app_module, "REGISTRY", load_registry(tiny_registry))
+    demo = app_module.build_demo()
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                **app_module.launch_kwargs())
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.wait_for_selector("#sv-lab-production", timeout=60_000)
+            page.locator("#sv-prompt textarea").fill(PROMPT)
+            page.click("#sv-lab-production")
+            page.wait_for_function("document.querySelector('#sv-lab-status')?.innerText.includes('done')",
+                                   timeout=90_000)
+            assert "vllm serve" in page.locator("#sv-lab-takeaway").inner_text()
+            assert page.locator("#sv-lab-plot .plot-container").count() >= 1
+            browser.close()
+    finally:
+        demo.close()
