@@ -20,7 +20,7 @@ from specviz.exports import Exports
 from specviz.mainthread import MainThreadRunner
 from specviz.pipeline import build_pipeline, resolve_pair
 from specviz.registry import load_registry
-from specviz.view import charts, tokens
+from specviz.view import tokens
 from specviz.view.frames import Frame, FrameMaker, inspector_frame, live_run
 from specviz.view.text import md
 

@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 
-import specviz.engine as engine
 from specviz.drafters import Drafter, EarlyExitDrafter, ModelDrafter, PromptLookupDrafter, Proposal
 from specviz.errors import SpecvizError
 from specviz.events import IterationEvent, StartEvent, SummaryEvent

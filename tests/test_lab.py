@@ -3,7 +3,6 @@ false-alarm rate, the CLI, and the Lab tab in a browser."""
 
 import json
 import shutil
-import time
 
 import pytest
 import torch

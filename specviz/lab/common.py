@@ -3,7 +3,6 @@ against vanilla decoding on the loaded target (measured, never estimated)."""
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Iterator

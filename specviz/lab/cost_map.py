@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from ..drafters import kind
 from ..pipeline import Pipeline
 from ..theory import best_gamma
-from ..view.charts import COLORS, _layout
+from ..view.charts import COLORS, layout
 from .common import Measured, Progress, Settings, greedy_cfg, jsonable, measure, run_trace, with_drafter
 
 ALPHAS = [i / 20 for i in range(20)]  # 0 .. 0.95
@@ -85,7 +85,7 @@ def figure(res: CostMapResult) -> go.Figure:
                         name="measured drafters (label: measured speedup)", textfont={"size": 10})
     fig.update_xaxes(range=[0, 1])
     fig.update_yaxes(range=[-0.04, 1.15])
-    return _layout(fig, "Predicted speedup by α and c (best γ per cell, this CPU's v)", "α (per-position acceptance)",
+    return layout(fig, "Predicted speedup by α and c (best γ per cell, this CPU's v)", "α (per-position acceptance)",
                    "c (draft step / target step)", height=380)
 
 

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 
 from ..pipeline import Pipeline
 from ..theory import expected_tokens, predicted_speedup
-from ..view.charts import COLORS, _layout
+from ..view.charts import COLORS, layout
 from .common import Measured, Progress, Settings, fixed_length, greedy_cfg, jsonable, measure, run_trace, with_drafter
 
 TOLERANCE = 0.15  # "the theory is within 15% of the measurement"
@@ -106,7 +106,7 @@ def figure(res: SweepResult) -> go.Figure:
     title = "Speedup over vanilla by γ"
     if best is not None and g_theory is not None:
         title += f": best measured γ = {best.gamma}, predicted γ = {g_theory}"
-    fig = _layout(fig, title, "γ (draft tokens per iteration, fixed)", "decode speedup (×)", height=320)
+    fig = layout(fig, title, "γ (draft tokens per iteration, fixed)", "decode speedup (×)", height=320)
     fig.update_layout(margin={"r": 56})  # room for the right axis (tokens per iteration)
     return fig
 

@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 import plotly.graph_objects as go
 
 from ..pipeline import Pipeline
-from ..view.charts import COLORS, _layout
+from ..view.charts import COLORS, layout
 from .common import Progress, Settings, greedy_cfg, jsonable, run_trace
 
 
@@ -99,7 +99,7 @@ def figure(res: ProductionResult) -> go.Figure:
     rows = res.by_position
     fig.add_bar(x=[str(i) for i in range(len(rows))], y=[k for k, _ in rows], name="kept (specviz)",
                 marker_color=COLORS["accepted"], text=[f"{k}/{n}" for k, n in rows], textposition="outside")
-    return _layout(fig, "vllm:spec_decode_num_accepted_tokens_per_pos_total, measured here",
+    return layout(fig, "vllm:spec_decode_num_accepted_tokens_per_pos_total, measured here",
                    "position label in vLLM (0 = first draft token)", "accepted tokens", height=260)
 
 

@@ -17,9 +17,9 @@ from ..engine import DecodeConfig, Run, speculative_step
 from ..exactness import compare
 from ..pipeline import Pipeline
 from ..sampling import SamplingConfig, logits_to_probs
-from ..view.charts import COLORS, _layout
+from ..view.charts import COLORS, layout
 from . import broken
-from .common import Progress, Settings, greedy_cfg, jsonable, pct, run_trace
+from .common import Progress, Settings, greedy_cfg, jsonable, run_trace
 from .stats import fit
 
 # a top-2 logit margin below this is within the dtype's rounding of logits of magnitude ~10-30
@@ -210,7 +210,7 @@ def figure(res: SameOutputsResult) -> go.Figure:
         _bars(fig, chosen, 2, f"{chosen.rule} (p = {chosen.p_value:.0e})", COLORS["rejected"], False)
     fig.update_layout(barmode="group")
     fig.update_annotations(font_size=12)
-    return _layout(fig, f"Sampled vs the target's exact p (T = {res.temperature:g})", "", "frequency", height=330)
+    return layout(fig, f"Sampled vs the target's exact p (T = {res.temperature:g})", "", "frequency", height=330)
 
 
 def takeaway(res: SameOutputsResult) -> str:

@@ -18,7 +18,7 @@ from ..backends.base import Timer
 from ..drafters import kind
 from ..pipeline import Pipeline
 from ..theory import predicted_speedup
-from ..view.charts import COLORS, _layout
+from ..view.charts import COLORS, layout
 from .common import Measured, Progress, Settings, greedy_cfg, jsonable, measure, run_trace, with_drafter
 
 RULE = 1.5  # tokens per iteration below which explainers say speculation does not pay
@@ -143,7 +143,7 @@ def figure(res: WhenNotResult) -> go.Figure:
     for col in (1, 2, 3):
         fig.add_hline(y=1.0, line={"color": "rgba(140,140,140,0.7)", "width": 1}, row=1, col=col)
     fig.update_annotations(font_size=12)
-    fig = _layout(fig, "When speculation stops paying", "", "speedup (×)", height=340)
+    fig = layout(fig, "When speculation stops paying", "", "speedup (×)", height=340)
     fig.update_layout(margin={"t": 64}, title={"y": 0.98})
     fig.update_layout(xaxis_title="batch size B")
     return fig

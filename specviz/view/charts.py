@@ -13,7 +13,7 @@ COLORS = {"accepted": "#2e9e5b", "rejected": "#d64545", "resample": "#e08a1e", "
           "verify": "#3b7dd8", "prefill": "#9db7e0", "other": "#c9c9c9", "p": "#3b7dd8", "q": "#e08a1e"}
 
 
-def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 260) -> go.Figure:
+def layout(fig: go.Figure, title: str, x: str, y: str, height: int = 260) -> go.Figure:
     fig.update_layout(template="none", title={"text": title, "font": {"size": 14}}, height=height,
                       margin={"l": 78, "r": 12, "t": 36, "b": 84}, xaxis_title=x, yaxis_title=y,
                       legend={"orientation": "h", "y": 0, "x": 0, "yanchor": "bottom", "yref": "container"},
@@ -33,7 +33,7 @@ def acceptance_figure(trace: Trace) -> go.Figure:
     fig.add_scatter(x=xs, y=running, name="running acceptance rate", mode="lines",
                     line={"color": COLORS["spec"], "width": 2})
     fig.update_yaxes(range=[0, 1.05])
-    return _layout(fig, "Acceptance per iteration", "iteration", "fraction kept")
+    return layout(fig, "Acceptance per iteration", "iteration", "fraction kept")
 
 
 def accepted_length_figure(trace: Trace) -> go.Figure:
@@ -44,7 +44,7 @@ def accepted_length_figure(trace: Trace) -> go.Figure:
     a = trace.alpha
     fig.add_scatter(x=ks, y=expected, mode="lines+markers", name=f"theory (α = {a:.2f})" if a is not None else "theory",
                     line={"color": COLORS["theory"], "dash": "dot"})
-    return _layout(fig, "Accepted length per iteration", "draft tokens kept (k)", "iterations")
+    return layout(fig, "Accepted length per iteration", "draft tokens kept (k)", "iterations")
 
 
 def position_figure(trace: Trace) -> go.Figure:
@@ -54,7 +54,7 @@ def position_figure(trace: Trace) -> go.Figure:
                 text=[f"{k}/{n}" for k, n in rows], textposition="outside", marker_color=COLORS["spec"],
                 name="kept / examined")
     fig.update_yaxes(range=[0, 1.15])
-    return _layout(fig, "Acceptance by draft position", "position in the proposal", "kept / examined")
+    return layout(fig, "Acceptance by draft position", "position in the proposal", "kept / examined")
 
 
 def throughput_figure(spec: Trace, vanilla: Trace | None) -> go.Figure:
@@ -69,7 +69,7 @@ def throughput_figure(spec: Trace, vanilla: Trace | None) -> go.Figure:
     title = "Tokens over wall time"
     if vanilla is not None and vanilla.summary and spec.summary and vanilla.tokens_per_second > 0:
         title += f": speedup {spec.tokens_per_second / vanilla.tokens_per_second:.2f}x"
-    return _layout(fig, title, "seconds", "tokens generated")
+    return layout(fig, title, "seconds", "tokens generated")
 
 
 def time_split_figure(spec: Trace, vanilla: Trace | None) -> go.Figure:
@@ -79,7 +79,7 @@ def time_split_figure(spec: Trace, vanilla: Trace | None) -> go.Figure:
         fig.add_bar(y=[n for n, _ in runs], x=[tr.time_split()[part] / 1000 for _, tr in runs], name=part,
                     orientation="h", marker_color=COLORS[part])
     fig.update_layout(barmode="stack")
-    return _layout(fig, "Where the time went (verify = target passes)", "seconds", "", height=200)
+    return layout(fig, "Where the time went (verify = target passes)", "seconds", "", height=200)
 
 
 def inspector_figure(e: IterationEvent | None) -> go.Figure:
@@ -96,7 +96,7 @@ def inspector_figure(e: IterationEvent | None) -> go.Figure:
         labels = [repr(t) for _, t, _ in e.correction.top]
         fig.add_bar(x=labels, y=[p for _, _, p in e.correction.top], name="p (target)", marker_color=COLORS["p"])
     fig.update_yaxes(range=[0, 1.05])
-    return _layout(fig, "p and q of each proposal", "", "probability", height=240)
+    return layout(fig, "p and q of each proposal", "", "probability", height=240)
 
 
 def all_figures(spec: Trace, vanilla: Trace | None) -> tuple[go.Figure, ...]:
