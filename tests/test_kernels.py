@@ -38,16 +38,30 @@ def test_packed_linear_matches_torch_for_every_row_count():
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def _cpu_vendor() -> str:
+    try:
+        return open("/proc/cpuinfo").read().split("vendor_id", 1)[1].split(":", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
 @needs_mkl
 def test_packed_rows_do_not_depend_on_how_many_rows_share_the_call():
+    """On Intel CPUs MKL's packed GEMM gives each row the same bits whatever the number of rows in
+    the call; on AMD CPUs MKL takes other code paths and rows differ in the last bits (measured:
+    up to 4e-7 on an AMD EPYC), so there only closeness holds (README: What is guaranteed)."""
     torch.manual_seed(1)
     layer = torch.nn.Linear(64, 300)
     kernels.pack_linears(torch.nn.Sequential(layer))
     x = torch.randn(kernels.MAX_ROWS, 64)
+    bitwise = _cpu_vendor() == "GenuineIntel"
     with torch.inference_mode():
         full = layer(x)
         for rows in range(kernels.MIN_ROWS, kernels.MAX_ROWS + 1, 5):
-            assert torch.equal(layer(x[:rows]), full[:rows]), rows
+            if bitwise:
+                assert torch.equal(layer(x[:rows]), full[:rows]), rows
+            else:
+                torch.testing.assert_close(layer(x[:rows]), full[:rows], rtol=1e-5, atol=1e-6)
 
 
 @needs_mkl

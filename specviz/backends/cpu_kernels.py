@@ -10,7 +10,8 @@ compiler uses for frozen CPU linears) removes the copy: 8 tokens cost ~1.45x.
 Only passes of ``MIN_ROWS``..``MAX_ROWS`` rows take the packed path. One-token decoding (vanilla
 decoding, the drafter's steps) keeps torch's matrix-vector path, which is ~3% faster for one row,
 and long prefills keep torch's GEMM, so vanilla decoding is never slowed down to flatter the
-speedup. The packed GEMM gives each row the same bits whatever the number of rows in the call.
+speedup. On Intel CPUs the packed GEMM gives each row the same bits whatever the number of rows in
+the call; on AMD CPUs MKL takes other paths and rows differ in the last bits (up to 4e-7 measured).
 
 Set ``SPECVIZ_PACKED=0`` to switch it off (to measure what it buys).
 
