@@ -1,14 +1,24 @@
 """python -m specviz bench: speculative vs vanilla (ours) vs transformers' own assisted
 generation, per prompt back to back in one process, on a prompt set like specbench-dev.jsonl.
 
+Noise: a shared machine slows single runs by 2x and more. Each prompt is therefore run
+``repeats`` times, the runs of one prompt interleaved (vanilla, speculative, ... in a rotating
+order), and each timing is the per-prompt **minimum** (the run least disturbed; the median is
+kept too). A prompt whose repeats disagree by more than ``NOISY`` (max / min - 1) is flagged.
+``--compare PAIR ...`` runs other pairs over the same target in the same rotation, so a new
+drafter and the old one are measured under the same conditions against the same vanilla runs.
+
 Reported per category and overall: acceptance rate, tokens per iteration, tokens/s of each,
-speedups over vanilla (median of per-prompt paired ratios, and total-time ratio), the share of
-greedy outputs identical to vanilla, and the speedup theory predicts from the measured a, c, v.
+speedups over vanilla (median of per-prompt paired ratios, and total-time ratio of the minima),
+the spread, the share of greedy outputs identical to vanilla, and the speedup theory predicts
+from the measured a, c, v. The JSON records the machine (CPU, threads, versions, load).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,6 +35,7 @@ from .sampling import SamplingConfig
 from .theory import cost_model
 from .trace import Trace, median
 
+NOISY = 0.20  # repeats of one prompt that disagree by more than this are flagged
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 
 
@@ -81,6 +92,16 @@ class PromptResult:
     hf_assisted_ms: float | None = None
     hf_tokens: int | None = None
     hf_assisted_identical: bool | None = None
+    vanilla_runs_ms: list[float] = field(default_factory=list)  # every repeat, in order
+    spec_runs_ms: list[float] = field(default_factory=list)
+    vanilla_median_ms: float | None = None
+    spec_median_ms: float | None = None
+    spread: float = 0.0  # max / min - 1 over the repeats, the worse of vanilla and speculative
+    stable_output: bool = True  # every speculative repeat gave the same tokens
+
+    @property
+    def noisy(self) -> bool:
+        return self.spread > NOISY
 
 
 def _hf_generate(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, extra: dict) -> tuple[float, list[int]]:
@@ -99,31 +120,70 @@ def _hf_generate(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, extra: dict)
     return t.ms, out[0, len(ids):].tolist()
 
 
+def _spread(ms: list[float]) -> float:
+    return max(ms) / min(ms) - 1.0 if ms and min(ms) > 0 else 0.0
+
+
 def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_new_tokens: int, seed: int,
-               peer: bool, chat: bool = True, costs: tuple | None = None) -> PromptResult:
+               peer: bool, chat: bool = True, costs: tuple | None = None, repeats: int = 1,
+               others: list[Pipeline] | None = None) -> list[PromptResult]:
+    """One prompt, ``repeats`` rounds; each round runs vanilla, every pipeline's speculative
+    decoding (and transformers' plain and assisted generate) once, starting one later each round
+    so that no decoder always goes first. One result per pipeline (``pipe`` first, then ``others``),
+    all against the same vanilla runs."""
     cfg = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature), seed=seed,
                        costs=costs)
+    pipes = [pipe] + list(others or [])
     ids = pipe.encode(row["prompt"], chat)
-    van = Trace.of(pipe.vanilla(ids, cfg))
-    spec = Trace.of(pipe.speculative(ids, cfg))
-    greedy = cfg.sampling.greedy
-    identical, divergence = None, ""
-    if greedy:
-        cmp = compare(pipe.target_lm, ids, van.output_ids, spec.output_ids)
-        identical, divergence = cmp.identical, "" if cmp.identical else cmp.describe()
-    res = PromptResult(
-        row["id"], row["category"], gamma, temperature, spec.tokens, van.summary.wall_ms, spec.summary.wall_ms,
-        van.summary.wall_ms - van.summary.prefill_ms, spec.summary.wall_ms - spec.summary.prefill_ms,
-        spec.proposed, spec.accepted, spec.examined, len(spec.iterations), identical, divergence,
-        [len(e.proposed) for e in spec.iterations], spec.verify_ms_by_gamma(),
-        sum(e.draft_ms for e in spec.iterations), median([e.verify_ms for e in van.iterations]))
     extra = pipe.peer_kwargs(gamma) if peer else None
+    jobs: list[tuple[str, object]] = [("vanilla", None)] + [("spec", i) for i in range(len(pipes))]
     if extra is not None:
-        res.hf_plain_ms, plain_ids = _hf_generate(pipe, ids, cfg, {})
-        res.hf_assisted_ms, hf_ids = _hf_generate(pipe, ids, cfg, extra)
-        res.hf_tokens = len(hf_ids)
-        res.hf_assisted_identical = hf_ids == plain_ids if greedy else None
-    return res
+        jobs += [("hf_plain", None), ("hf_assisted", None)]
+    ms: dict = {}
+    traces: dict = {}
+    hf_ids: dict = {}
+    for r in range(max(1, repeats)):
+        order = jobs[r % len(jobs):] + jobs[: r % len(jobs)]
+        for job in order:
+            what, i = job
+            if what == "vanilla":
+                tr = Trace.of(pipe.vanilla(ids, cfg))
+                ms.setdefault(job, []).append(tr.summary.wall_ms)
+                traces.setdefault(job, []).append(tr)
+            elif what == "spec":
+                tr = Trace.of(pipes[i].speculative(ids, cfg))
+                ms.setdefault(job, []).append(tr.summary.wall_ms)
+                traces.setdefault(job, []).append(tr)
+            else:
+                t, out_ids = _hf_generate(pipe, ids, cfg, extra if what == "hf_assisted" else {})
+                ms.setdefault(job, []).append(t)
+                hf_ids[what] = out_ids
+    greedy = cfg.sampling.greedy
+    van_ms = ms[("vanilla", None)]
+    van = traces[("vanilla", None)][van_ms.index(min(van_ms))]
+    results = []
+    for i, p in enumerate(pipes):
+        runs = ms[("spec", i)]
+        spec = traces[("spec", i)][runs.index(min(runs))]
+        identical, divergence = None, ""
+        if greedy:
+            cmp = compare(p.target_lm, ids, van.output_ids, spec.output_ids)
+            identical, divergence = cmp.identical, "" if cmp.identical else cmp.describe()
+        res = PromptResult(
+            row["id"], row["category"], gamma, temperature, spec.tokens, min(van_ms), min(runs),
+            min(van_ms) - van.summary.prefill_ms, min(runs) - spec.summary.prefill_ms,
+            spec.proposed, spec.accepted, spec.examined, len(spec.iterations), identical, divergence,
+            [len(e.proposed) for e in spec.iterations], spec.verify_ms_by_gamma(),
+            sum(e.draft_ms for e in spec.iterations), median([e.verify_ms for e in van.iterations]),
+            vanilla_runs_ms=list(van_ms), spec_runs_ms=list(runs), vanilla_median_ms=median(van_ms),
+            spec_median_ms=median(runs), spread=max(_spread(van_ms), _spread(runs)),
+            stable_output=len({tuple(t.output_ids) for t in traces[("spec", i)]}) == 1)
+        if extra is not None:
+            res.hf_plain_ms, res.hf_assisted_ms = min(ms[("hf_plain", None)]), min(ms[("hf_assisted", None)])
+            res.hf_tokens = len(hf_ids["hf_assisted"])
+            res.hf_assisted_identical = hf_ids["hf_assisted"] == hf_ids["hf_plain"] if greedy else None
+        results.append(res)
+    return results
 
 
 @dataclass
@@ -142,6 +202,11 @@ class Row:
     predicted: float
     decode_speedup: float
     cost_model: float  # measured tokens / (draft + verify time in vanilla steps): where the time should go
+    speedup_median_of_medians: float = 0.0  # the same ratios from each prompt's median run
+    spread: float = 0.0  # median over prompts of max / min - 1 of the repeats
+    noisy: int = 0  # prompts whose repeats disagree by more than NOISY
+    ratio_low: float = 0.0  # the lowest and highest per-prompt ratio
+    ratio_high: float = 0.0
 
 
 def aggregate(name: str, rs: list[PromptResult]) -> Row:
@@ -169,17 +234,21 @@ def aggregate(name: str, rs: list[PromptResult]) -> Row:
         (sum(r.hf_plain_ms for r in peers) / sum(r.hf_assisted_ms for r in peers)) if peers else None,
         f"{sum(r.identical for r in greedy)}/{len(greedy)}" if greedy else "n/a (sampled)",
         predicted, sum(r.vanilla_decode_ms for r in rs) / sum(r.spec_decode_ms for r in rs),
-        tokens / spent if spent else 0.0)
+        tokens / spent if spent else 0.0,
+        median([(r.vanilla_median_ms or r.vanilla_ms) / (r.spec_median_ms or r.spec_ms) for r in rs]),
+        median([r.spread for r in rs]), sum(r.noisy for r in rs),
+        min(r.vanilla_ms / r.spec_ms for r in rs), max(r.vanilla_ms / r.spec_ms for r in rs))
 
 
 def table(rows: list[Row]) -> str:
     head = ("category", "n", "accept", "tok/iter", "van tok/s", "spec tok/s", "speedup med", "speedup tot",
-            "peer med", "peer tot", "identical", "decode x", "theory x", "cost x")
+            "range", "spread", "noisy", "peer med", "peer tot", "identical", "decode x", "theory x", "cost x")
     lines = []
     for r in rows:
         f = lambda x, p="{:.2f}": "-" if x is None else p.format(x)  # noqa: E731
         lines.append((r.name, str(r.n), f(r.acceptance, "{:.1%}"), f(r.tokens_per_iteration), f(r.vanilla_tps, "{:.1f}"),
                       f(r.spec_tps, "{:.1f}"), f(r.speedup_median, "{:.2f}x"), f(r.speedup_total, "{:.2f}x"),
+                      f"{r.ratio_low:.2f}-{r.ratio_high:.2f}", f(r.spread, "{:.0%}"), str(r.noisy),
                       f(r.peer_speedup_median, "{:.2f}x"), f(r.peer_speedup_total, "{:.2f}x"), r.identical,
                       f(r.decode_speedup, "{:.2f}x"), f(r.predicted, "{:.2f}x"), f(r.cost_model, "{:.2f}x")))
     widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(head)]
@@ -198,53 +267,93 @@ def summarize(results: list[PromptResult]) -> list[Row]:
     return rows
 
 
-def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None) -> int:
+def machine() -> dict:
+    """What the numbers were measured on: CPU, threads, versions, and how busy the machine was."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import transformers
+
+    load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "platform": platform.platform(), "load_average": load}
+
+
+def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
+         others: list[Pipeline] | None = None) -> int:
     gammas = args.gamma or [pipe.gamma]
     for g in gammas:
         if g < 1:
             raise SpecvizError(f"gamma must be >= 1, got {g}")
     for t in args.temperature:
         SamplingConfig(t)
+    repeats = getattr(args, "repeats", 1)
+    if repeats < 1:
+        raise SpecvizError(f"--repeats must be >= 1, got {repeats}")
+    others = list(others or [])
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover
         tqdm = None
-    # warm up both paths (first calls allocate and pick kernels)
+    # warm up every path (first calls allocate and pick kernels)
     warm = DecodeConfig(gamma=gammas[0], max_new_tokens=8)
     list(pipe.vanilla(prompts[0]["prompt"], warm))
-    list(pipe.speculative(prompts[0]["prompt"], warm))
-    out = {"pair": pipe.name, "prompts": str(args.prompts), "max_new_tokens": args.max_new_tokens,
-           "device": str(pipe.target.device), "dtype": str(pipe.target.dtype), "configs": []}
+    for p in [pipe] + others:
+        list(p.speculative(prompts[0]["prompt"], warm))
+    out = {"pair": pipe.name, "compare": [p.name for p in others], "prompts": str(args.prompts),
+           "max_new_tokens": args.max_new_tokens, "repeats": repeats, "device": str(pipe.target.device),
+           "dtype": str(pipe.target.dtype), "machine": machine(), "configs": []}
     jobs = [(g, t) for g in gammas for t in args.temperature]
     bar = tqdm(total=len(jobs) * len(prompts), file=sys.stderr, desc="bench", disable=tqdm is None) if tqdm else None
     t0 = time.time()
     for g, t in jobs:
-        results = []
+        results: list[list[PromptResult]] = []
         for row in prompts:
             results.append(run_prompt(pipe, row, g, t, args.max_new_tokens, args.seed, not args.no_peer,
-                                      chat=not args.no_chat, costs=costs))
+                                      chat=not args.no_chat, costs=costs, repeats=repeats, others=others))
             if bar:
                 bar.update(1)
-        rows = summarize(results)
-        out["configs"].append({"gamma": g, "temperature": t, "rows": [asdict(r) for r in rows],
-                               "prompts": [asdict(r) for r in results]})
-        if not args.json:
-            if bar:
-                bar.clear()
-            print(f"\n## {pipe.name}: gamma {g}, temperature {t}, {args.max_new_tokens} new tokens, "
-                  f"{len(prompts)} prompts, {pipe.target.device} {str(pipe.target.dtype).replace('torch.', '')}")
-            print(table(rows))
-            bad = [r for r in results if r.identical is False]
-            for r in bad:
-                print(f"  prompt {r.id} ({r.category}): {r.divergence}")
+        for i, p in enumerate([pipe] + others):
+            mine = [r[i] for r in results]
+            rows = summarize(mine)
+            out["configs"].append({"pair": p.name, "gamma": g, "temperature": t, "rows": [asdict(r) for r in rows],
+                                   "prompts": [dict(asdict(r), noisy=r.noisy) for r in mine]})
+            if not args.json:
+                if bar:
+                    bar.clear()
+                print(f"\n## {p.name}: gamma {g}, temperature {t}, {args.max_new_tokens} new tokens, "
+                      f"{len(prompts)} prompts x {repeats} repeats, {pipe.target.device} "
+                      f"{str(pipe.target.dtype).replace('torch.', '')}")
+                print(table(rows))
+                for r in mine:
+                    if r.identical is False:
+                        print(f"  prompt {r.id} ({r.category}): {r.divergence}")
+                    if not r.stable_output:
+                        print(f"  prompt {r.id} ({r.category}): speculative repeats gave different outputs")
+                noisy = [r for r in mine if r.noisy]
+                if noisy:
+                    print(f"  noisy (repeats differ by > {NOISY:.0%}): " + ", ".join(
+                        f"{r.id} ({r.spread:.0%})" for r in noisy))
+    out["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     if bar:
         bar.close()
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"\n(speedup = vanilla time / speculative time, same prompt, back to back; med = median of "
-              f"per-prompt ratios, tot = total-time ratio; peer = transformers generate() with the same drafter "
-              f"over plain generate(); decode x = without the shared prefill; theory x = Leviathan et al.'s "
-              f"prediction from the measured per-position acceptance alpha, c, v (i.i.d. acceptance); cost x = measured tokens per iteration "
-              f"over the measured draft + verify time, in vanilla steps. {time.time() - t0:.0f} s)")
+        m = out["machine"]
+        print(f"\n(speedup = vanilla time / speculative time, same prompt, interleaved; each time is the minimum "
+              f"of {repeats} repeats; med = median of per-prompt ratios, tot = total-time ratio of the minima, "
+              f"range = lowest-highest per-prompt ratio; spread = median over prompts of max/min - 1 of the repeats, "
+              f"noisy = prompts whose repeats differ by > {NOISY:.0%}; peer = transformers generate() with the same "
+              f"drafter over plain generate(); decode x = without the shared prefill; theory x = Leviathan et al.'s "
+              f"prediction from the measured per-position acceptance alpha, c, v (i.i.d. acceptance); cost x = "
+              f"measured tokens per iteration over the measured draft + verify time, in vanilla steps. "
+              f"{m['cpu']}, {m['torch_threads']} threads, torch {m['torch']}, load {m['load_average']} -> "
+              f"{m['load_average_end']}. {time.time() - t0:.0f} s)")
     return 0

@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-peer", action="store_true", help="skip transformers' assisted generation")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each prompt, interleaved; the minimum counts")
+    p.add_argument("--compare", nargs="+", default=[], metavar="PAIR",
+                   help="other pairs over the same target, run in the same rotation against the same vanilla runs")
     p.add_argument("--json", action="store_true")
     vllm_cli.add_parser(sub)  # vllm-serve: its own module (specviz never imports vllm)
     _add_lab(sub)
@@ -187,7 +190,14 @@ def cmd_bench(args) -> int:
     from .costs import load_costs
 
     prompts = load_prompts(args.prompts, args.limit, args.categories, args.skip)  # fail fast, before loading
-    return bench_main(args, prompts, _pipeline(args), load_costs(args.costs))
+    pipe = _pipeline(args)
+    others = []
+    for name in args.compare:
+        other = _pipeline(argparse.Namespace(**{**vars(args), "pair": name, "target": None, "draft": None}))
+        if other.target.model is not pipe.target.model:
+            raise SpecvizError(f"--compare: pair {name} has another target than {pipe.name}")
+        others.append(other)
+    return bench_main(args, prompts, pipe, load_costs(args.costs), others)
 
 
 def main(argv: list[str] | None = None) -> int:

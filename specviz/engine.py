@@ -268,6 +268,7 @@ def speculative_step(run: Run, gamma: int) -> IterationEvent:
     with target.timer() as tv:
         logits = target.feed(context[target.cached:] + tokens, keep_logits=g + 1)
     p_rows = logits_to_probs(logits, sampling)
+    drafter.harvest(context + tokens, logits)  # the rows just computed, for drafters that learn from them
     # 3. accept / reject / resample or bonus
     verdict = verify(tokens, p_rows, q_rows, gen)
     k = verdict.accepted

@@ -98,3 +98,50 @@ def test_lookup_vote_prefers_common_continuation():
     ids = [9, 1, 9, 1, 9, 2, 9]  # after 9: "1" twice, "2" once (most recent)
     assert d.find(ids, 1) == ([1], 1)
     assert PromptLookupDrafter(max_ngram=1, adaptive=False, vote=False).find(ids, 1) == ([2], 1)
+
+
+def test_bench_repeats_interleave_and_record_spread(capsys, tiny_registry, prompt_file):
+    code = main(["bench", "--models", str(tiny_registry), "--pair", "tiny-lookup", "--prompts", str(prompt_file),
+                 "--limit", "1", "--max-new-tokens", "8", "--gamma", "3", "--repeats", "3",
+                 "--compare", "tiny-draft", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["repeats"] == 3 and out["compare"] == ["tiny-draft"]
+    m = out["machine"]
+    assert m["torch"] and m["torch_threads"] >= 1 and m["cpu"] and "load_average_end" in m
+    assert out["dtype"] == "torch.float32"
+    pairs = [c["pair"] for c in out["configs"]]
+    assert pairs == ["tiny-lookup", "tiny-draft"]
+    for c in out["configs"]:
+        for p in c["prompts"]:
+            assert len(p["vanilla_runs_ms"]) == 3 and len(p["spec_runs_ms"]) == 3
+            assert p["vanilla_ms"] == min(p["vanilla_runs_ms"]) and p["spec_ms"] == min(p["spec_runs_ms"])
+            assert p["spread"] >= 0 and p["noisy"] == (p["spread"] > 0.2)
+            assert p["identical"] and p["stable_output"]
+        overall = c["rows"][-1]
+        assert overall["name"] == "overall" and overall["identical"] == "3/3"
+        assert overall["ratio_low"] <= overall["speedup_median"] <= overall["ratio_high"]
+    # both pairs were measured against the same vanilla runs
+    a, b = (c["prompts"] for c in out["configs"])
+    assert [p["vanilla_runs_ms"] for p in a] == [p["vanilla_runs_ms"] for p in b]
+
+
+def test_bench_flags_noisy_prompts():
+    from specviz.bench import PromptResult
+
+    def r(van_runs, spec_runs):
+        return PromptResult(1, "c", 4, 0.0, 10, min(van_runs), min(spec_runs), min(van_runs), min(spec_runs), 8, 4, 6, 5, True, "", [2] * 5,
+                            {2: 1.0}, 0.0, 1.0, vanilla_runs_ms=van_runs, spec_runs_ms=spec_runs,
+                            spread=max(max(van_runs) / min(van_runs), max(spec_runs) / min(spec_runs)) - 1)
+
+    quiet, loud = r([100, 105, 110], [50, 52, 51]), r([100, 300, 110], [50, 52, 51])
+    assert not quiet.noisy and loud.noisy
+    row = aggregate("c", [quiet, loud])
+    assert row.noisy == 1 and row.speedup_total == pytest.approx(2.0)
+
+
+def test_bench_rejects_bad_repeats_and_compare(capsys, tiny_registry, prompt_file):
+    base = ["bench", "--models", str(tiny_registry), "--pair", "tiny-lookup", "--prompts", str(prompt_file),
+            "--limit", "1", "--max-new-tokens", "4", "--no-peer"]
+    assert main(base + ["--repeats", "0"]) == 2
+    assert "repeats" in capsys.readouterr().err
+    assert main(base + ["--compare", "nope"]) == 2

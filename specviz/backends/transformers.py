@@ -54,7 +54,8 @@ class CachedLM:
         self.model = model
         self.config = model.config
         self.device = next(model.parameters()).device
-        out_features = model.get_output_embeddings().weight.shape[0]
+        head = model.get_output_embeddings()  # a quantized head has no weight tensor, only out_features
+        out_features = getattr(head, "out_features", None) or head.weight.shape[0]
         # slice logits to the vocabulary shared with the tokenizer / the other model
         self.vocab_size = min(vocab_size or out_features, out_features)
         self._eos = set(eos) if eos is not None else model_eos_ids(model)

@@ -13,8 +13,11 @@ from .base import Drafter, DrafterKind, Proposal
 from .early_exit import EarlyExitDrafter, EarlyExitKind
 from .lookup import LookupKind, PromptLookupDrafter
 from .model import ModelDrafter, ModelKind
+from .quantized import SelfDraftDrafter, SelfDraftKind
+from .recycling import RecyclingDrafter, RecyclingKind
 
-KINDS: dict[str, DrafterKind] = {k.name: k for k in (LookupKind(), EarlyExitKind(), ModelKind())}
+KINDS: dict[str, DrafterKind] = {k.name: k for k in (LookupKind(), EarlyExitKind(), ModelKind(), RecyclingKind(),
+                                                     SelfDraftKind())}
 
 
 def kind(name: str, where: str = "drafter") -> DrafterKind:
@@ -42,4 +45,4 @@ def choices(model_names) -> list[str]:
 
 
 __all__ = ["KINDS", "Drafter", "DrafterKind", "Proposal", "PromptLookupDrafter", "EarlyExitDrafter",
-           "ModelDrafter", "kind", "parse_drafter", "choices"]
+           "ModelDrafter", "RecyclingDrafter", "SelfDraftDrafter", "kind", "parse_drafter", "choices"]

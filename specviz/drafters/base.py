@@ -50,6 +50,13 @@ class Drafter:
     def observe(self, proposed: int, accepted: int) -> None:
         """How the last proposal fared (for drafters that adapt their length)."""
 
+    def harvest(self, ids: list[int], logits: torch.Tensor) -> None:
+        """The target's raw logits from the verify pass just run (optional; Token Recycling
+        learns from them): row j is its prediction for the token after
+        ``ids[len(ids) - len(logits) + j]``, where ``ids`` is the context plus this iteration's
+        proposals (rows past a refused proposal were conditioned on it). Called before
+        ``commit``; the engine computed these rows anyway, so this costs nothing extra."""
+
     def describe(self) -> dict:
         return {"kind": self.kind, "name": self.name}
 
