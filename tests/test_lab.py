@@ -175,7 +175,7 @@ def test_browser_lab_runs_an_experiment(tiny_registry, monkeypatch):
             page.wait_for_selector("#sv-lab-production", timeout=60_000)
             page.locator("#sv-prompt textarea").fill(PROMPT)
             page.click("#sv-lab-production")
-            page.wait_for_function("document.querySelector('#sv-lab-status')?.innerText.includes('done')",
+            page.wait_for_function("document.querySelector('#sv-lab-status')?.innerText.includes('■ done')",
                                    timeout=90_000)
             assert "vllm serve" in page.locator("#sv-lab-takeaway").inner_text()
             assert page.locator("#sv-lab-plot .plot-container").count() >= 1
