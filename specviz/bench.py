@@ -92,6 +92,10 @@ class PromptResult:
     hf_assisted_ms: float | None = None
     hf_tokens: int | None = None
     hf_assisted_identical: bool | None = None
+    vllm_plain_ms: float | None = None  # vLLM without speculation (minimum of the repeats)
+    vllm_spec_ms: float | None = None  # vLLM with its speculation
+    vllm_identical: bool | None = None  # vLLM's speculative output == vLLM's plain output (greedy)
+    vllm_same_as_ours: bool | None = None  # vLLM's plain output == specviz's vanilla output (other kernels)
     vanilla_runs_ms: list[float] = field(default_factory=list)  # every repeat, in order
     spec_runs_ms: list[float] = field(default_factory=list)
     vanilla_median_ms: float | None = None
@@ -126,7 +130,7 @@ def _spread(ms: list[float]) -> float:
 
 def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_new_tokens: int, seed: int,
                peer: bool, chat: bool = True, costs: tuple | None = None, repeats: int = 1,
-               others: list[Pipeline] | None = None) -> list[PromptResult]:
+               others: list[Pipeline] | None = None, vllm=None) -> list[PromptResult]:
     """One prompt, ``repeats`` rounds; each round runs vanilla, every pipeline's speculative
     decoding (and transformers' plain and assisted generate) once, starting one later each round
     so that no decoder always goes first. One result per pipeline (``pipe`` first, then ``others``),
@@ -139,6 +143,8 @@ def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_ne
     jobs: list[tuple[str, object]] = [("vanilla", None)] + [("spec", i) for i in range(len(pipes))]
     if extra is not None:
         jobs += [("hf_plain", None), ("hf_assisted", None)]
+    if vllm is not None:
+        jobs += [("vllm", None)]
     ms: dict = {}
     traces: dict = {}
     hf_ids: dict = {}
@@ -154,6 +160,13 @@ def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_ne
                 tr = Trace.of(pipes[i].speculative(ids, cfg))
                 ms.setdefault(job, []).append(tr.summary.wall_ms)
                 traces.setdefault(job, []).append(tr)
+            elif what == "vllm":
+                from .backends.vllm import peer_run
+
+                out = peer_run(vllm, ids, cfg)
+                ms.setdefault(("vllm_spec", None), []).append(out["spec_ms"])
+                ms.setdefault(("vllm_plain", None), []).append(out["vanilla_ms"])
+                hf_ids["vllm"] = out
             else:
                 t, out_ids = _hf_generate(pipe, ids, cfg, extra if what == "hf_assisted" else {})
                 ms.setdefault(job, []).append(t)
@@ -182,6 +195,11 @@ def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_ne
             res.hf_plain_ms, res.hf_assisted_ms = min(ms[("hf_plain", None)]), min(ms[("hf_assisted", None)])
             res.hf_tokens = len(hf_ids["hf_assisted"])
             res.hf_assisted_identical = hf_ids["hf_assisted"] == hf_ids["hf_plain"] if greedy else None
+        if vllm is not None:
+            out = hf_ids["vllm"]
+            res.vllm_plain_ms, res.vllm_spec_ms = min(ms[("vllm_plain", None)]), min(ms[("vllm_spec", None)])
+            res.vllm_identical = out["identical"]
+            res.vllm_same_as_ours = out["vanilla_ids"] == van.output_ids if greedy else None
         results.append(res)
     return results
 
@@ -198,6 +216,9 @@ class Row:
     speedup_total: float
     peer_speedup_median: float | None
     peer_speedup_total: float | None
+    vllm_speedup_median: float | None
+    vllm_speedup_total: float | None
+    vllm_identical: str
     identical: str
     predicted: float
     decode_speedup: float
@@ -226,12 +247,18 @@ def aggregate(name: str, rs: list[PromptResult]) -> Row:
     c, v, predicted = cost_model(gammas, ms_by_g, sum(r.draft_ms for r in rs), step, acc / seen if seen else None)
     spent = sum(sum(r.verify_ms_by_gamma.values()) + r.draft_ms for r in rs) / step
     greedy = [r for r in rs if r.identical is not None]
+    on_vllm = [r for r in rs if r.vllm_spec_ms]
+    vllm_greedy = [r for r in on_vllm if r.vllm_identical is not None]
     return Row(
         name, len(rs), a, tokens / max(1, sum(r.iterations for r in rs)),
         tokens / (van_ms / 1000), tokens / (spec_ms / 1000),
         median([r.vanilla_ms / r.spec_ms for r in rs]), van_ms / spec_ms,
         median([r.hf_plain_ms / r.hf_assisted_ms for r in peers]) if peers else None,
         (sum(r.hf_plain_ms for r in peers) / sum(r.hf_assisted_ms for r in peers)) if peers else None,
+        median([r.vllm_plain_ms / r.vllm_spec_ms for r in on_vllm]) if on_vllm else None,
+        (sum(r.vllm_plain_ms for r in on_vllm) / sum(r.vllm_spec_ms for r in on_vllm)) if on_vllm else None,
+        (f"{sum(r.vllm_identical for r in vllm_greedy)}/{len(vllm_greedy)}, "
+         f"{sum(bool(r.vllm_same_as_ours) for r in vllm_greedy)}/{len(vllm_greedy)}") if vllm_greedy else "-",
         f"{sum(r.identical for r in greedy)}/{len(greedy)}" if greedy else "n/a (sampled)",
         predicted, sum(r.vanilla_decode_ms for r in rs) / sum(r.spec_decode_ms for r in rs),
         tokens / spent if spent else 0.0,
@@ -242,7 +269,8 @@ def aggregate(name: str, rs: list[PromptResult]) -> Row:
 
 def table(rows: list[Row]) -> str:
     head = ("category", "n", "accept", "tok/iter", "van tok/s", "spec tok/s", "speedup med", "speedup tot",
-            "range", "spread", "noisy", "peer med", "peer tot", "identical", "decode x", "theory x", "cost x")
+            "range", "spread", "noisy", "peer med", "peer tot", "identical", "decode x", "theory x", "cost x",
+            "vllm med", "vllm tot", "vllm same")
     lines = []
     for r in rows:
         f = lambda x, p="{:.2f}": "-" if x is None else p.format(x)  # noqa: E731
@@ -250,7 +278,8 @@ def table(rows: list[Row]) -> str:
                       f(r.spec_tps, "{:.1f}"), f(r.speedup_median, "{:.2f}x"), f(r.speedup_total, "{:.2f}x"),
                       f"{r.ratio_low:.2f}-{r.ratio_high:.2f}", f(r.spread, "{:.0%}"), str(r.noisy),
                       f(r.peer_speedup_median, "{:.2f}x"), f(r.peer_speedup_total, "{:.2f}x"), r.identical,
-                      f(r.decode_speedup, "{:.2f}x"), f(r.predicted, "{:.2f}x"), f(r.cost_model, "{:.2f}x")))
+                      f(r.decode_speedup, "{:.2f}x"), f(r.predicted, "{:.2f}x"), f(r.cost_model, "{:.2f}x"),
+                      f(r.vllm_speedup_median, "{:.2f}x"), f(r.vllm_speedup_total, "{:.2f}x"), r.vllm_identical))
     widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(head)]
     fmt = lambda cells: "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"  # noqa: E731
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
@@ -286,7 +315,7 @@ def machine() -> dict:
 
 
 def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
-         others: list[Pipeline] | None = None) -> int:
+         others: list[Pipeline] | None = None, vllm=None) -> int:
     gammas = args.gamma or [pipe.gamma]
     for g in gammas:
         if g < 1:
@@ -316,7 +345,8 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
         results: list[list[PromptResult]] = []
         for row in prompts:
             results.append(run_prompt(pipe, row, g, t, args.max_new_tokens, args.seed, not args.no_peer,
-                                      chat=not args.no_chat, costs=costs, repeats=repeats, others=others))
+                                      chat=not args.no_chat, costs=costs, repeats=repeats, others=others,
+                                      vllm=vllm))
             if bar:
                 bar.update(1)
         for i, p in enumerate([pipe] + others):
@@ -351,7 +381,8 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
               f"of {repeats} repeats; med = median of per-prompt ratios, tot = total-time ratio of the minima, "
               f"range = lowest-highest per-prompt ratio; spread = median over prompts of max/min - 1 of the repeats, "
               f"noisy = prompts whose repeats differ by > {NOISY:.0%}; peer = transformers generate() with the same "
-              f"drafter over plain generate(); decode x = without the shared prefill; theory x = Leviathan et al.'s "
+              f"drafter over plain generate(); vllm med/tot = vLLM with its speculation over vLLM without (same "
+              f"prompts, same box; vllm same = vLLM speculative == vLLM plain, vLLM plain == specviz vanilla); decode x = without the shared prefill; theory x = Leviathan et al.'s "
               f"prediction from the measured per-position acceptance alpha, c, v (i.i.d. acceptance); cost x = "
               f"measured tokens per iteration over the measured draft + verify time, in vanilla steps. "
               f"{m['cpu']}, {m['torch_threads']} threads, torch {m['torch']}, load {m['load_average']} -> "

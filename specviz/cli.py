@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-peer", action="store_true", help="skip transformers' assisted generation")
+    p.add_argument("--peer-vllm", nargs="?", const="start", metavar="URLS",
+                   help="add vLLM with speculation over vLLM without: 'start' (default) starts both servers "
+                        "for the pair (bash scripts/setup.sh --vllm), or 'SPEC_URL,VANILLA_URL'")
     p.add_argument("--repeats", type=int, default=3, help="runs of each prompt, interleaved; the minimum counts")
     p.add_argument("--compare", nargs="+", default=[], metavar="PAIR",
                    help="other pairs over the same target, run in the same rotation against the same vanilla runs")
@@ -197,7 +200,20 @@ def cmd_bench(args) -> int:
         if other.target.model is not pipe.target.model:
             raise SpecvizError(f"--compare: pair {name} has another target than {pipe.name}")
         others.append(other)
-    return bench_main(args, prompts, pipe, load_costs(args.costs), others)
+    vllm = None
+    if args.peer_vllm:
+        from .backends.vllm import VLLMBackend
+
+        if args.peer_vllm == "start":
+            vllm = VLLMBackend.launch(pipe.name if args.pair or not args.target else None)
+        else:
+            urls = [u.strip() for u in args.peer_vllm.split(",")]
+            vllm = VLLMBackend.connect(urls[0], urls[1] if len(urls) > 1 else None, pair=pipe.name)
+    try:
+        return bench_main(args, prompts, pipe, load_costs(args.costs), others, vllm)
+    finally:
+        if vllm is not None:
+            vllm.close()
 
 
 def main(argv: list[str] | None = None) -> int:
