@@ -26,14 +26,8 @@ from specviz.pipeline import build_pipeline  # noqa: E402
 from specviz.registry import load_registry  # noqa: E402
 from specviz.trace import Trace  # noqa: E402
 
-
-def kept_prefix(proposal, truth):
-    k = 0
-    for a, b in zip(proposal, truth):
-        if a != b:
-            break
-        k += 1
-    return k
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lookup_stats import kept_prefix  # noqa: E402  (the same measure as the lookup priors)
 
 
 def main() -> None:
