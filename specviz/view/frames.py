@@ -3,7 +3,7 @@
 ``live_run`` drives one UI run (speculative decoding, then vanilla decoding of the same prompt)
 and yields a ``LiveState`` per event. ``FrameMaker`` turns those states into ``Frame``s: named
 updates (status, token view, charts, summary, inspector, output panel, export), throttled so
-that the page redraws often (tokens every 0.2 s, charts every 0.5 s) without flooding the
+that the page redraws often (tokens every 0.2 s, charts every 0.35 s) without flooding the
 browser. The decoders' own clocks leave out the time the consumer holds the stream, so drawing
 never counts as decoding time. A front end maps each frame field to a component; fields that are
 None stay as they are. ``Frame.updates()`` lists what changed by name.
@@ -22,7 +22,7 @@ from ..trace import Trace
 from . import charts, text, tokens
 
 TOKENS_EVERY_S = 0.2  # token view at most this often (several iterations may arrive in between)
-CHARTS_EVERY_S = 0.5  # charts at most this often: >= 2 redraws a second (figures are resent whole)
+CHARTS_EVERY_S = 0.35  # charts at most this often: >= 2 redraws a second once drawing (~0.1 s) is counted
 CHART_NAMES = ("accept", "length", "position", "throughput", "split")
 
 
