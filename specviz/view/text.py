@@ -12,14 +12,16 @@ import re
 from ..exactness import Exactness, first_difference
 from ..trace import Trace, compare_speed
 
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+_MD_SPECIAL = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation character
 
 
 def md(value, limit: int = 200) -> str:
-    """Untrusted text as inert Markdown: HTML escaped, Markdown punctuation backslashed, one line."""
+    """Untrusted text as inert Markdown, on one line: every ASCII punctuation character is
+    backslash-escaped (CommonMark makes each a literal), so ``<`` never opens a tag, ``&`` never
+    starts an entity and ``[`` never a link, and the reader still sees the text as it is."""
     text = str(value if value is not None else "?")
     text = " ".join(text.split())[:limit]
-    return _MD_SPECIAL.sub(r"\\\1", html.escape(text, quote=True))
+    return _MD_SPECIAL.sub(r"\\\1", text)
 
 
 def plural(n: int, word: str) -> str:
