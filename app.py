@@ -101,6 +101,8 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
         stream = RUNNER.turns(lambda: live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla)),
                               on_wait=waiting)
         for item in stream:
+            if maker.halted:  # Stop: the stopped page is drawn; decode no further
+                break
             update = item if isinstance(item, dict) else _updates(maker.add(item))
             if update:
                 yield update

@@ -180,9 +180,10 @@ def test_sampled_run_and_custom_drafter(tiny_app):
 
 
 def test_stop_leaves_a_summary_of_what_ran(tiny_app):
-    gen = tiny_app.run_decoding(*args(max_new=60))
-    for _ in range(6):
-        next(gen)
+    gen = tiny_app.run_decoding(*args(max_new=200))
+    for update in gen:  # until the first iterations are on the page
+        if "tokens" in named(update) and "sv-it" in named(update)["tokens"]:
+            break
     gen.close()  # what gradio does on Stop
     final = named(tiny_app.stopped())
     assert final["status"].startswith("■ stopped after") and "token" in final["status"]

@@ -153,12 +153,12 @@ def test_max_new_tokens_is_respected(vllm_backend):
 
 
 def test_events_serialise(vllm_backend):
-    from specviz.events import dumps, loads
+    from specviz.trace import Trace, runs_from_json, runs_to_json
 
     events = list(vllm_backend.speculative(PROMPTS[0], DecodeConfig(max_new_tokens=16)))
-    back = loads(dumps(events))
-    assert [e.event for e in back] == [e.event for e in events]
-    assert back[-1].server_metrics == events[-1].server_metrics
+    back, _, _ = runs_from_json(json.loads(json.dumps(runs_to_json(Trace.of(events)))))  # validated reading
+    assert [e.event for e in back.events()] == [e.event for e in events]
+    assert back.summary.server_metrics == events[-1].server_metrics
     json.dumps(vllm_backend.info())
 
 
@@ -217,11 +217,11 @@ def test_app_runs_a_pair_on_vllm(vllm_backend, monkeypatch):
     coloured from the proposer's ids, the charts, the summary, identical greedy output."""
     import app as app_module
 
-    monkeypatch.setattr(app_module, "VLLM", {})
-    url = f"{vllm_backend.spec_url}, {vllm_backend.vanilla_url}"
-    frames = list(app_module.run_decoding(app_module.REGISTRY.default(), app_module.PAIR_CHOICE, app_module.PAIR_CHOICE,
+    pair = app_module.REGISTRY.default()
+    monkeypatch.setattr(app_module, "VLLM", {(pair, ""): vllm_backend})  # the servers "started here"
+    frames = list(app_module.run_decoding(pair, app_module.PAIR_CHOICE, app_module.PAIR_CHOICE,
                                           PROMPTS[0], True, 4, 0.0, 0, 1.0, 48, 0, "measured", True,
-                                          "vllm-url", url))
+                                          "vllm", ""))
     names = {id(c): k for k, c in app_module.C.items()}
     final = {}
     for f in frames:
