@@ -57,6 +57,15 @@ def _error(message: str) -> dict:
     return {C["status"]: f"**Error:** {md(message, 400)}"}
 
 
+def _chosen(pair, target, drafter, prompt) -> tuple[str | None, str | None, str | None]:
+    """The page's choice as build_pipeline takes it: (pair, target, drafter); checks the prompt."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise SpecvizError("the prompt is empty: type one or pick an example")
+    custom_target = target if target and target != PAIR_CHOICE else None
+    custom_drafter = drafter if drafter and drafter != PAIR_CHOICE else None
+    return (None if custom_target else pair), custom_target, custom_drafter
+
+
 def _updates(frame: Frame | None) -> dict:
     if frame is None:
         return {}
@@ -71,11 +80,8 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
     try:
         cfg = DecodeConfig.from_settings(gamma, temperature, top_k, top_p, max_new_tokens, seed,
                                          REFERENCE if costs == "reference" else None)
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise SpecvizError("the prompt is empty: type one or pick an example")
-        custom_target = target if target and target != PAIR_CHOICE else None
-        custom_drafter = drafter if drafter and drafter != PAIR_CHOICE else None
-        spec = resolve_pair(REGISTRY, None if custom_target else pair, custom_target, custom_drafter, cfg.gamma)
+        pair, custom_target, custom_drafter = _chosen(pair, target, drafter, prompt)
+        spec = resolve_pair(REGISTRY, pair, custom_target, custom_drafter, cfg.gamma)
         for name in [spec.target] + ([spec.draft_model] if spec.draft_model else []):
             model = REGISTRY.model(name)
             if not is_loaded(model, DEVICE, DTYPE):
@@ -83,14 +89,14 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                 yield {C["status"]: f"● loading {md(name)} ({md(where)}; ~20 s on a CPU the first time)…"}
         if backend and backend != "specviz":
             pipe = None
-            for item in vllm_backend(pair if not custom_target else None, backend, vllm_url):
+            for item in vllm_backend(pair, backend, vllm_url):
                 if isinstance(item, str):
                     yield {C["status"]: item}
                 else:
                     pipe = item
         else:
-            pipe = build_pipeline(REGISTRY, pair=None if custom_target else pair, target=custom_target,
-                                  drafter=custom_drafter, device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
+            pipe = build_pipeline(REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
+                                  device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
         maker = LIVE[session] = FrameMaker(lambda s, v: EXPORTS.save(session, s, v))
 
         def waiting(ahead, eta):
@@ -291,8 +297,6 @@ def build_demo() -> gr.Blocks:
 def lab_tab(inputs: dict) -> None:
     """The Lab: each experiment a button; streamed progress, a chart, the takeaway, Stop, JSON export.
     ``inputs``: the page's pair/target/drafter/prompt/chat/temperature/seed components."""
-    import json
-    import tempfile
     from functools import partial
 
     from specviz.lab import EXPERIMENTS, experiment
@@ -303,15 +307,12 @@ def lab_tab(inputs: dict) -> None:
         n = round(20 * fraction)
         return "█" * n + "░" * (20 - n)
 
-    def run_lab(name, variant, pair, target, drafter, prompt, chat, temperature, seed):
+    def run_lab(name, variant, pair, target, drafter, prompt, chat, temperature, seed, request: gr.Request = None):
         try:
-            if not isinstance(prompt, str) or not prompt.strip():
-                raise SpecvizError("the prompt is empty: type one or pick an example")
             mod = experiment(name)
-            custom_target = target if target and target != PAIR_CHOICE else None
-            custom_drafter = drafter if drafter and drafter != PAIR_CHOICE else None
-            load = partial(build_pipeline, REGISTRY, pair=None if custom_target else pair, target=custom_target,
-                           drafter=custom_drafter, device=DEVICE)
+            pair, custom_target, custom_drafter = _chosen(pair, target, drafter, prompt)
+            load = partial(build_pipeline, REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
+                           device=DEVICE)
             yield f"● loading the pair for **{md(EXPERIMENTS[name][1])}**…", gr.skip(), gr.skip(), gr.skip()
             pipe = load(dtype=DTYPE)
             s = Settings(prompt=prompt, chat=bool(chat), seed=int(seed or 0), temperature=float(temperature or 0),
@@ -325,10 +326,9 @@ def lab_tab(inputs: dict) -> None:
                     fig = mod.figure(item.partial) if item.partial is not None else gr.skip()
                     yield f"`{bar(item.fraction)}` {item.done}/{item.total} · {md(item.message, 200)}", fig, gr.skip(), gr.skip()
                 else:
-                    path = tempfile.NamedTemporaryFile("w", suffix=f"-lab-{name}.json", delete=False).name
-                    with open(path, "w") as f:
-                        json.dump({"experiment": name, "pair": pipe.name, "settings": s.to_json(),
-                                   "result": item.to_json(), "takeaway": mod.takeaway(item)}, f)
+                    path = EXPORTS.save_json(_session(request), f"specviz-lab-{name}", {  # bounded, private
+                        "experiment": name, "pair": pipe.name, "settings": s.to_json(),
+                        "result": item.to_json(), "takeaway": mod.takeaway(item)})
                     yield (f"■ done: **{md(EXPERIMENTS[name][1])}** on {md(pipe.name)}", mod.figure(item),
                            md(mod.takeaway(item), 4000), path)
         except SpecvizError as e:

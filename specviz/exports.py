@@ -11,6 +11,7 @@ else, and says nothing about paths it refuses (no existence leak).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -37,11 +38,23 @@ class Exports:
         return self.root / key
 
     def save(self, session: str, spec: Trace, vanilla: Trace | None, meta: dict | None = None) -> str:
+        """A run's events (the saved-run format), for download."""
+        meta = {"saved": time.strftime("%Y-%m-%d %H:%M:%S"), **(meta or {})}
+        return self._write(session, "specviz-run", lambda path: save_runs(path, spec, vanilla, meta))
+
+    def save_json(self, session: str, stem: str, data: dict) -> str:
+        """Any other result (a Lab experiment's), under the same bounds."""
+        def write(path):
+            with open(path, "w") as f:
+                json.dump(data, f)
+        return self._write(session, stem, write)
+
+    def _write(self, session: str, stem: str, write) -> str:
         with self._lock:
             folder = self._session_dir(session)
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            path = folder / f"specviz-run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_urlsafe(12)}.json"
-            save_runs(path, spec, vanilla, {"saved": time.strftime("%Y-%m-%d %H:%M:%S"), **(meta or {})})
+            path = folder / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_urlsafe(12)}.json"
+            write(path)
             self._prune(folder)
             return str(path)
 
