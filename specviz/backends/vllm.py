@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from ..engine import DecodeConfig
+from ..engine import DecodeConfig, TokenText, encode_prompt
 from ..errors import SpecvizError
 from ..events import Correction, IterationEvent, StartEvent, SummaryEvent
 from ..trace import PositionTally
@@ -302,22 +302,6 @@ class VLLMServer:
 # The backend: the Pipeline's shape, over HTTP
 
 
-def _piece(tok, context: list[int], token: int) -> str:
-    """What one token adds to the decoded text in context (as specviz's engine shows it)."""
-    ctx = list(context[-3:])
-    before = tok.decode(ctx, skip_special_tokens=False)
-    after = tok.decode(ctx + [token], skip_special_tokens=False)
-    return after[len(before):] if after.startswith(before) else tok.decode([token], skip_special_tokens=False)
-
-
-def _pieces(tok, context: list[int], tokens: list[int]) -> list[str]:
-    out, ctx = [], list(context[-3:])
-    for t in tokens:
-        out.append(_piece(tok, ctx, t))
-        ctx = ctx[-2:] + [t]
-    return out
-
-
 def _eos_ids(tok, extra=None) -> set[int]:
     ids = set(extra or [])
     if isinstance(getattr(tok, "eos_token_id", None), int):
@@ -415,17 +399,7 @@ class VLLMBackend:
                                             + json.dumps(self.model_info.get("spec_config", {}))}}
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise SpecvizError("the prompt is empty")
-        if chat and getattr(self.tokenizer, "chat_template", None):
-            enc = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                     add_generation_prompt=True, tokenize=True)
-            ids = enc["input_ids"] if hasattr(enc, "keys") else enc
-        else:
-            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
-        if not ids:
-            raise SpecvizError("the prompt encodes to no tokens")
-        return [int(i) for i in ids]
+        return encode_prompt(self.tokenizer, prompt, chat)
 
     def speculative(self, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True) -> Iterator:
         return self._run("speculative", self.spec_url, prompt, cfg, chat)
@@ -574,6 +548,7 @@ class _State:
         self.finish = None
         self.metrics: dict = {}
         self.eos = _eos_ids(req.tok, req.be.model_info.get("eos"))
+        self.texts = TokenText(req.tok)  # token texts in context, as the engine shows them
 
     def start_event(self, t: float) -> StartEvent:
         be, req = self.req.be, self.req
@@ -589,7 +564,7 @@ class _State:
             prefill_ms=(t - self.t0) * 1000.0)
 
     def _event(self, proposed: list[int], sampled: list[int], t: float, draft_ms: float, reason: str):
-        tok = self.req.tok
+        texts = self.texts
         limit = self.req.cfg.max_new_tokens
         context = self.prompt + self.out_ids
         k = max(0, len(sampled) - 1) if proposed else 0
@@ -612,10 +587,10 @@ class _State:
         ev = IterationEvent(
             index=self.iterations - 1, drafter="vllm" if self.req.mode == "speculative" else "vanilla",
             gamma=self.req.be.gamma if self.req.mode == "speculative" else 0, reason=reason,
-            proposed=list(proposed), proposed_text=_pieces(tok, context, proposed),
+            proposed=list(proposed), proposed_text=texts.pieces(context, proposed),
             q=[], p=[], q_raw=[], p_raw=[], accept_prob=[], draws=[], accepted=k,
-            correction=Correction(int(nxt), _piece(tok, ctx_k, nxt), kind, 0.0, []),  # p unknown: NO_PQ
-            target_top=[], emitted=list(emitted), emitted_text=_pieces(tok, context, emitted),
+            correction=Correction(int(nxt), texts.piece(ctx_k, nxt), kind, 0.0, []),  # p unknown: NO_PQ
+            target_top=[], emitted=list(emitted), emitted_text=texts.pieces(context, emitted),
             draft_ms=draft_ms, verify_ms=verify_ms, tokens_total=len(self.out_ids) + len(emitted),
             proposed_total=self.proposed, accepted_total=self.accepted, elapsed_ms=(t - self.t0) * 1000.0)
         self.out_ids.extend(emitted)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, is_dataclass
-from typing import Iterator
 
 from ..drafters import Drafter, PromptLookupDrafter
 from ..engine import DecodeConfig
@@ -90,10 +89,6 @@ def fixed_length(drafter: Drafter) -> Drafter:
     return drafter
 
 
-def run_trace(stream: Iterator) -> Trace:
-    return Trace.of(stream)
-
-
 @dataclass
 class Measured:
     """One drafter on the prompt against vanilla decoding: what the bench measures, for one prompt."""
@@ -115,13 +110,10 @@ class Measured:
 
 
 def measure(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, vanilla: Trace, label: str) -> tuple[Measured, Trace]:
-    spec = run_trace(pipe.speculative(ids, cfg))
+    spec = Trace.of(pipe.speculative(ids, cfg))
     s: Speedup = compare_speed(spec, vanilla)
     m = Measured(label, cfg.gamma, spec.tokens, len(spec.iterations), s.tokens_per_iteration, spec.alpha,
                  spec.acceptance_rate, [list(r) for r in spec.by_position()], s.c,
                  {int(k): v for k, v in s.v.items()}, s.speedup, s.decode_speedup, s.predicted, spec.output_ids)
     return m, spec
 
-
-def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.0%}"

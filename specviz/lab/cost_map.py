@@ -13,7 +13,8 @@ from ..drafters import kind
 from ..pipeline import Pipeline
 from ..theory import best_gamma
 from ..view.charts import COLORS, layout
-from .common import Measured, Progress, Settings, greedy_cfg, jsonable, measure, run_trace, with_drafter
+from ..trace import Trace
+from .common import Measured, Progress, Settings, greedy_cfg, jsonable, measure, with_drafter
 
 ALPHAS = [i / 20 for i in range(20)]  # 0 .. 0.95
 COSTS = [i / 20 for i in range(21)]  # 0 .. 1
@@ -59,7 +60,7 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
         row = [best_gamma(a, c, res.v, 16) for a in res.alphas]
         res.speedup.append([sp for _, sp in row])
         res.best.append([g for g, _ in row])
-    vanilla = run_trace(pipe.vanilla(ids, greedy_cfg(1, n, s.seed, s.temperature)))
+    vanilla = Trace.of(pipe.vanilla(ids, greedy_cfg(1, n, s.seed, s.temperature)))
     for i, (label, spec, gamma) in enumerate(specs):
         yield Progress(i + 1, total, f"measuring {label}", res)
         p = pipe if spec is None else with_drafter(pipe, kind(spec["kind"]).build(spec, pipe.target, None))

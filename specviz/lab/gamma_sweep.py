@@ -12,7 +12,8 @@ import plotly.graph_objects as go
 from ..pipeline import Pipeline
 from ..theory import expected_tokens, predicted_speedup
 from ..view.charts import COLORS, layout
-from .common import Measured, Progress, Settings, fixed_length, greedy_cfg, jsonable, measure, run_trace, with_drafter
+from ..trace import Trace
+from .common import Measured, Progress, Settings, fixed_length, greedy_cfg, jsonable, measure, with_drafter
 
 TOLERANCE = 0.15  # "the theory is within 15% of the measurement"
 
@@ -67,7 +68,7 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     total = len(gammas) + 2
     yield Progress(0, total, f"vanilla decoding of {n} tokens (the baseline)")
     res.v = pipe.target_lm.cost_profile(max(gammas) + 1, ids)
-    vanilla = run_trace(pipe.vanilla(ids, greedy_cfg(1, n, s.seed, s.temperature)))
+    vanilla = Trace.of(pipe.vanilla(ids, greedy_cfg(1, n, s.seed, s.temperature)))
     fixed = with_drafter(pipe, fixed_length(pipe.drafter))
     for i, g in enumerate(gammas):
         yield Progress(i + 1, total, f"gamma = {g}", res)

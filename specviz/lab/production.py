@@ -13,7 +13,8 @@ import plotly.graph_objects as go
 
 from ..pipeline import Pipeline
 from ..view.charts import COLORS, layout
-from .common import Progress, Settings, greedy_cfg, jsonable, run_trace
+from ..trace import Trace
+from .common import Progress, Settings, greedy_cfg, jsonable
 
 
 @dataclass
@@ -69,7 +70,7 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     res = ProductionResult(pipe.name, gamma, configs(pipe, gamma))
     yield Progress(0, 1, f"one speculative run of {n} tokens for the metrics", res)
     ids = pipe.encode(s.prompt, s.chat)
-    tr = run_trace(pipe.speculative(ids, greedy_cfg(gamma, n, s.seed, s.temperature)))
+    tr = Trace.of(pipe.speculative(ids, greedy_cfg(gamma, n, s.seed, s.temperature)))
     drafts = [e for e in tr.iterations if e.proposed]  # vLLM skips steps without a draft
     accepted = sum(e.accepted for e in drafts)
     proposed = sum(len(e.proposed) for e in drafts)

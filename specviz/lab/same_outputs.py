@@ -19,7 +19,8 @@ from ..pipeline import Pipeline
 from ..sampling import SamplingConfig, logits_to_probs
 from ..view.charts import COLORS, layout
 from . import broken
-from .common import Progress, Settings, greedy_cfg, jsonable, run_trace
+from ..trace import Trace
+from .common import Progress, Settings, greedy_cfg, jsonable
 from .stats import fit
 
 # a top-2 logit margin below this is within the dtype's rounding of logits of magnitude ~10-30
@@ -86,8 +87,8 @@ class SameOutputsResult:
 
 def _greedy(pipe: Pipeline, ids, n: int, gamma: int, dtype: str) -> Greedy:
     cfg = greedy_cfg(gamma, n)
-    van = run_trace(pipe.vanilla(ids, cfg))
-    spec = run_trace(pipe.speculative(ids, cfg))
+    van = Trace.of(pipe.vanilla(ids, cfg))
+    spec = Trace.of(pipe.speculative(ids, cfg))
     ex = compare(pipe.target_lm, ids, van.output_ids, spec.output_ids)
     return Greedy(dtype, len(van.output_ids), ex.identical, ex.index, ex.margin, spec.acceptance_rate,
                   van.output_ids)

@@ -19,7 +19,8 @@ from ..drafters import kind
 from ..pipeline import Pipeline
 from ..theory import predicted_speedup
 from ..view.charts import COLORS, layout
-from .common import Measured, Progress, Settings, greedy_cfg, jsonable, measure, run_trace, with_drafter
+from ..trace import Trace
+from .common import Measured, Progress, Settings, greedy_cfg, jsonable, measure, with_drafter
 
 RULE = 1.5  # tokens per iteration below which explainers say speculation does not pay
 
@@ -87,7 +88,7 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     n = max(lengths)
     yield Progress(done, total, f"(b) speculative and vanilla decoding of up to {n} tokens")
     cfg = greedy_cfg(s.gamma or pipe.gamma, n, s.seed, s.temperature)
-    vanilla = run_trace(pipe.vanilla(ids, cfg))
+    vanilla = Trace.of(pipe.vanilla(ids, cfg))
     m, spec = measure(pipe, ids, cfg, vanilla, "pair's drafter")
     for L in lengths:
         a, b = spec.elapsed_at(L), vanilla.elapsed_at(L)
@@ -105,7 +106,7 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
         done += 1
     # (c) poor drafts: early exit at several depths (one shorter vanilla run as their baseline)
     short = s.max_new_tokens or 32
-    base = run_trace(pipe.vanilla(ids, greedy_cfg(1, short, s.seed, s.temperature)))
+    base = Trace.of(pipe.vanilla(ids, greedy_cfg(1, short, s.seed, s.temperature)))
     for L in depths:
         yield Progress(done, total, f"(c) early exit at layer {L} of {layers}", res)
         drafter = kind("early_exit").build({"kind": "early_exit", "layers": L}, pipe.target, None)
