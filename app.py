@@ -22,7 +22,7 @@ from specviz.pipeline import build_pipeline, resolve_pair
 from specviz.registry import load_registry
 from specviz.view import tokens
 from specviz.view.frames import Frame, FrameMaker, inspector_frame, live_run
-from specviz.view.text import md
+from specviz.view.text import md, progress_line, waiting_status
 
 try:  # ZeroGPU on Hugging Face Spaces; a no-op everywhere else
     import spaces
@@ -99,13 +99,9 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                                   device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
         maker = LIVE[session] = FrameMaker(lambda s, v: EXPORTS.save(session, s, v))
 
-        def waiting(ahead, eta):
-            eta_text = f", about {eta:.0f} s" if eta else ""
-            return {C["status"]: f"● waiting for the decoder: {ahead} run{'s' * (ahead != 1)} ahead{eta_text}…"}
-
         yield {C["status"]: "● prefilling the prompt…", C["tokens"]: tokens.tokens_html([])}
         stream = RUNNER.turns(lambda: live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla)),
-                              on_wait=waiting)
+                              on_wait=lambda ahead, eta: {C["status"]: waiting_status(ahead, eta)})
         for item in stream:
             if maker.halted:  # Stop: the stopped page is drawn; decode no further
                 break
@@ -303,10 +299,6 @@ def lab_tab(inputs: dict) -> None:
     from specviz.lab.broken import BROKEN
     from specviz.lab.common import Progress, Settings
 
-    def bar(fraction: float) -> str:
-        n = round(20 * fraction)
-        return "█" * n + "░" * (20 - n)
-
     def run_lab(name, variant, pair, target, drafter, prompt, chat, temperature, seed, request: gr.Request = None):
         try:
             mod = experiment(name)
@@ -318,13 +310,13 @@ def lab_tab(inputs: dict) -> None:
             s = Settings(prompt=prompt, chat=bool(chat), seed=int(seed or 0), temperature=float(temperature or 0),
                          variant=variant)
             stream = RUNNER.turns(lambda: mod.run(pipe, s, load),
-                                  on_wait=lambda ahead, eta: f"● waiting for the decoder: {ahead} ahead…")
+                                  on_wait=waiting_status)
             for item in stream:
                 if isinstance(item, str):
                     yield item, gr.skip(), gr.skip(), gr.skip()
                 elif isinstance(item, Progress):
                     fig = mod.figure(item.partial) if item.partial is not None else gr.skip()
-                    yield f"`{bar(item.fraction)}` {item.done}/{item.total} · {md(item.message, 200)}", fig, gr.skip(), gr.skip()
+                    yield progress_line(item.fraction, item.done, item.total, item.message), fig, gr.skip(), gr.skip()
                 else:
                     path = EXPORTS.save_json(_session(request), f"specviz-lab-{name}", {  # bounded, private
                         "experiment": name, "pair": pipe.name, "settings": s.to_json(),

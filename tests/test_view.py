@@ -70,3 +70,10 @@ def test_discarded_newlines_break_no_line():
 
 def test_plural_and_guidance_words():
     assert text.plural(1, "token") == "1 token" and text.plural(2, "token") == "2 tokens"
+
+
+def test_queue_and_progress_lines():
+    assert text.waiting_status(1, None) == "● waiting for the decoder: 1 run ahead…"
+    assert text.waiting_status(3, 42.4) == "● waiting for the decoder: 3 runs ahead, about 42 s…"
+    line = text.progress_line(0.5, 5, 10, "sweeping γ = 5 <b>")
+    assert line.startswith("`" + "█" * 10 + "░" * 10 + "` 5/10") and "<b>" not in line

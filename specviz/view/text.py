@@ -28,6 +28,18 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def waiting_status(ahead: int, eta_s: float | None) -> str:
+    """A queued run's status line (the page and the Lab share the decode queue with the API)."""
+    eta = f", about {eta_s:.0f} s" if eta_s else ""
+    return f"● waiting for the decoder: {plural(ahead, 'run')} ahead{eta}…"
+
+
+def progress_line(fraction: float, done: int, total: int, message: str) -> str:
+    """A long experiment's progress as Markdown: a 20-cell bar, the count and what it is doing."""
+    n = round(20 * max(0.0, min(1.0, fraction)))
+    return f"`{'█' * n}{'░' * (20 - n)}` {done}/{total} · {md(message, 200)}"
+
+
 def rate(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
