@@ -22,6 +22,16 @@ def tiny_app(tiny_registry, monkeypatch):
 
 
 @pytest.fixture()
+def every_state(monkeypatch):
+    """No redraw throttle: every state of a run is a frame, however fast the machine (a quiet CI box
+    finishes the tiny run inside one throttle window)."""
+    from specviz.view import frames
+
+    monkeypatch.setattr(frames, "TOKENS_EVERY_S", 0.0)
+    monkeypatch.setattr(frames, "CHARTS_EVERY_S", 0.0)
+
+
+@pytest.fixture()
 def uploads(tiny_app, monkeypatch, tmp_path):
     """Handlers called directly: gradio's upload folder is a temporary folder of the test's."""
     folder = tmp_path / "uploads"
@@ -61,7 +71,7 @@ def test_demo_builds_without_launching():
     assert {"run_decoding", "replay", "stopped", "inspect"} <= names
 
 
-def test_handler_streams_and_summarises(tiny_app):
+def test_handler_streams_and_summarises(tiny_app, every_state):
     frames = list(tiny_app.run_decoding(*args()))
     assert len(frames) >= 4  # loading/prefill, several iterations, the end
     assert all(f for f in frames)  # no empty updates are sent
@@ -221,7 +231,7 @@ def served(tiny_app):
     demo.close()
 
 
-def test_served_api_streams_and_matches_cli(served, tiny_registry, capsys):
+def test_served_api_streams_and_matches_cli(served, every_state, tiny_registry, capsys):
     from gradio_client import Client
 
     _, url = served
