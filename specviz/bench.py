@@ -337,7 +337,8 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
         list(p.speculative(prompts[0]["prompt"], warm))
     out = {"pair": pipe.name, "compare": [p.name for p in others], "prompts": str(args.prompts),
            "max_new_tokens": args.max_new_tokens, "repeats": repeats, "device": str(pipe.target.device),
-           "dtype": str(pipe.target.dtype), "machine": machine(), "configs": []}
+           "dtype": str(pipe.target.dtype), "kernels": pipe.target.kernels,
+           "machine": machine(), "configs": []}
     jobs = [(g, t) for g in gammas for t in args.temperature]
     bar = tqdm(total=len(jobs) * len(prompts), file=sys.stderr, desc="bench", disable=tqdm is None) if tqdm else None
     t0 = time.time()
@@ -359,7 +360,7 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
                     bar.clear()
                 print(f"\n## {p.name}: gamma {g}, temperature {t}, {args.max_new_tokens} new tokens, "
                       f"{len(prompts)} prompts x {repeats} repeats, {pipe.target.device} "
-                      f"{str(pipe.target.dtype).replace('torch.', '')}")
+                      f"{str(pipe.target.dtype).replace('torch.', '')}, kernels: {pipe.target.kernels}")
                 print(table(rows))
                 for r in mine:
                     if r.identical is False:

@@ -6,6 +6,7 @@ Errors a user can fix exit with status 2 and one line on standard error, no trac
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 
@@ -37,6 +38,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     p.add_argument("--models", help="registry file (default: models.yaml)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text, no chat template")
+    p.add_argument("--exact", action="store_true",
+                   help="exact by construction: a token's logits have the same bits alone or in a verify pass "
+                        "(float32 on a CPU; slower; same as SPECVIZ_EXACT=1)")
     p.add_argument("--costs", help="pin the cost profile of a cost-aware drafter: 'reference' (built in), a JSON "
                                    "list of v[g], or a saved run to take it from (same seed + same profile = "
                                    "same output); default: measured on this machine")
@@ -96,6 +100,8 @@ def _pipeline(args):
     from .registry import load_registry
 
     reg = load_registry(args.models)
+    if getattr(args, "exact", False):
+        os.environ["SPECVIZ_EXACT"] = "1"  # read where models load: vanilla and speculative alike
     # progress only for a person watching a terminal: errors must stay a single line on stderr
     progress = (lambda m: print(f"[specviz] {m}", file=sys.stderr)) if sys.stderr.isatty() else None
     gamma = getattr(args, "gamma", None)  # bench takes a list of gammas and applies them itself

@@ -24,6 +24,7 @@ from transformers import DynamicCache
 
 from ..errors import SpecvizError
 from .base import Timer
+from . import exact
 from .cpu_kernels import enable_cpu_gqa, pack_linears
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -196,7 +197,7 @@ class Loaded:
     source: str
     device: torch.device
     dtype: torch.dtype
-    kernels: str = "torch"  # "mkl-packed" when specviz.kernels packed the CPU linears at load
+    kernels: str = "torch"  # "mkl-packed" when cpu_kernels packed the CPU linears at load, "exact" in the exact mode
 
     def info(self) -> dict:
         n = sum(p.numel() for p in self.model.parameters())
@@ -223,7 +224,7 @@ def load_model(spec: "ModelSpec", device: str = "auto", dtype: str = "auto", qui
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     src = spec.pick_source()
-    key = (spec.name, src, str(dev), str(dt))
+    key = (spec.name, src, str(dev), str(dt), exact.mode())
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
@@ -237,7 +238,7 @@ def load_model(spec: "ModelSpec", device: str = "auto", dtype: str = "auto", qui
 def is_loaded(spec: "ModelSpec", device: str = "auto", dtype: str = "auto") -> bool:
     dev = pick_device(device)
     src = spec.offline_source() or spec.pick_source()
-    return (spec.name, src, str(dev), str(pick_dtype(dtype, dev))) in _CACHE
+    return (spec.name, src, str(dev), str(pick_dtype(dtype, dev)), exact.mode()) in _CACHE
 
 
 _HUB_CHECK: dict[str, tuple[float, bool]] = {}
@@ -279,10 +280,27 @@ def _load_source(name: str, src: "Source", dev: torch.device, dt: torch.dtype, q
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SpecvizError(f"could not load model {name!r} from {src.describe()}: {first}") from None
     model = model.to(dev).eval()
+    kernels = cpu_kernels(model, name)
+    return Loaded(name, model, tok, src.describe(), dev, dt, kernels)
+
+
+def cpu_kernels(model: torch.nn.Module, name: str = "model") -> str:
+    """Pick the kernels of a loaded model: the exact mode (row-invariant, specviz.backends.exact) for
+    float32 CPU models unless ``SPECVIZ_EXACT=0``; else MKL-packed linears (or torch's own)."""
+    p = next(model.parameters())
+    wanted = exact.mode()
+    if wanted == "on" or (wanted == "auto" and p.device.type == "cpu" and p.dtype == torch.float32
+                          and os.environ.get("SPECVIZ_PACKED", "1") != "0"):
+        try:
+            exact.enable(model)
+            return "exact"
+        except SpecvizError as e:
+            if wanted == "on":
+                raise SpecvizError(f"could not load model {name!r} in the exact mode: {e}") from None
     packed = pack_linears(model)
-    if dev.type == "cpu":
+    if p.device.type == "cpu":
         enable_cpu_gqa()
-    return Loaded(name, model, tok, src.describe(), dev, dt, "mkl-packed" if packed else "torch")
+    return "mkl-packed" if packed else "torch"
 
 
 def check_tokenizers(target_tok, draft_tok, target_name: str, draft_name: str) -> None:

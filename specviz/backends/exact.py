@@ -1,0 +1,202 @@
+"""Exact by construction (fp32, CPU): a token's logits have the same bits whether the target scores
+it alone or inside a verify pass of any length. On by default for float32 CPU models.
+
+Why greedy speculative decoding could part from vanilla decoding at all: a verify pass multiplies
+g + 1 rows by every weight matrix, a plain step one row, and the BLAS takes another kernel (and so
+another summation order) for 1-3 rows than for 4 or more; attention over several queries runs
+another kernel than attention for one. The results differ in the last bits (~1e-7 per layer, up to
+~1e-4 in a logit), which flips the argmax where the top two logits are that close. This mode
+removes the difference instead of tolerating it ("batch-invariant" kernels):
+
+* every ``Linear`` runs oneDNN's GEMM with its weight prepared once, and few-row passes are padded
+  with zero rows (1-3 rows to 4, or to a multiple of 4 where the machine needs it), so every pass
+  takes the same kernel and a row's bits depend neither on how many rows share the pass nor on
+  where it sits. This is checked on each layer shape at load, at the current thread count: where
+  no padding gives it, the mode is not used (``SPECVIZ_EXACT=1`` then refuses to load);
+* attention is computed one query row at a time against the keys up to its own position: exactly
+  the call a plain step makes for that token;
+* norms, activations and rotary embeddings already work row by row.
+
+It also makes verify passes cheaper: oneDNN's prepared GEMM takes 4 rows in about the time MKL
+takes one (measured on this project's AMD EPYC: a 4-token pass of SmolLM2-135M 54 ms against a
+1-token MKL step of 59 ms; 11 tokens 76 ms against 122 ms). Vanilla decoding runs in the same mode,
+padded, so it gets the same kernels and the speedup compares like with like.
+It covers float32 on a CPU; bf16 and GPU kernels are not covered (see README, What is guaranteed).
+``SPECVIZ_EXACT=0`` switches it off (torch's kernels with MKL-packed linears), ``=1`` requires it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import SpecvizError
+
+MAX_ROWS = 32  # passes up to this many rows (a verify pass of gamma <= 31) are row-invariant (checked)
+PACK_ROWS = 32  # the row count oneDNN's weight layout is prepared for
+ATTENTION = "specviz_exact"
+# How few-row passes are padded, tried in order until every layer shape passes the check:
+# "min4" pads 1-3 rows to 4 (oneDNN and MKL take a matrix-vector kernel below 4 rows);
+# "mult4" pads to a multiple of 4 (MKL with 2 threads splits 5-7 and 9-11 rows otherwise than 4, 8, 12+).
+POLICIES = ("min4", "mult4")
+
+
+def mode() -> str:
+    """``SPECVIZ_EXACT``: "auto" (default: on for float32 CPU models where the check passes), "on"
+    (required: loading fails where it cannot hold) or "off" (torch's kernels, MKL-packed)."""
+    v = os.environ.get("SPECVIZ_EXACT", "auto").strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return "on"
+    if v in ("0", "false", "no", "off"):
+        return "off"
+    return "auto"
+
+
+def onednn_available() -> bool:
+    return hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") \
+        and torch.backends.mkldnn.is_available()
+
+
+def padded_rows(rows: int, policy: str) -> int:
+    if rows > MAX_ROWS:
+        return rows
+    if policy == "mult4":
+        return -(-rows // 4) * 4
+    return max(rows, 4)
+
+
+class ExactLinear(torch.nn.Linear):
+    """A ``Linear`` whose every row is computed by the same kernel however many rows share the pass:
+    passes of up to ``MAX_ROWS`` rows are padded with zero rows as the layer's policy says, and go
+    through oneDNN with the weight prepared once (or torch's GEMM where oneDNN is missing)."""
+
+    _svz_dnn: torch.Tensor | None
+    _svz_policy: str
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        want = padded_rows(rows, self._svz_policy)
+        x2 = x.reshape(rows, x.shape[-1])
+        if want != rows:
+            padded = x2.new_zeros(want, x2.shape[-1])
+            padded[:rows] = x2
+            x2 = padded
+        elif not x2.is_contiguous():
+            x2 = x2.contiguous()
+        if self._svz_dnn is not None:
+            y = torch.ops.mkldnn._linear_pointwise(x2, self._svz_dnn, self.bias, "none", [], "")
+        else:
+            y = F.linear(x2, self.weight, self.bias)
+        return y[:rows].reshape(*x.shape[:-1], y.shape[-1])
+
+
+def exact_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                    **kwargs):
+    """transformers attention (batch 1, causal): each query row attends to the keys up to its own
+    position in its own one-query call, the call a plain step makes for that token."""
+    if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None or query.shape[0] != 1:
+        raise SpecvizError("exact mode supports batch-1 causal attention without bias or softcap")
+    gqa = key.shape[1] != query.shape[1]
+    q_len, kv_len = query.shape[2], key.shape[2]
+    past = kv_len - q_len
+    sliding = getattr(module, "sliding_window", None)
+    if q_len > MAX_ROWS:  # a long prefill: not a pass that verify and plain steps share
+        cols = torch.arange(kv_len, device=query.device)[None, :]
+        last = past + torch.arange(q_len, device=query.device)[:, None]
+        allowed = cols <= last
+        if sliding:
+            allowed &= cols > last - sliding
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling, enable_gqa=gqa)
+    else:
+        rows = []
+        for j in range(q_len):
+            end = past + j + 1
+            start = max(0, end - sliding) if sliding else 0
+            rows.append(F.scaled_dot_product_attention(query[:, :, j:j + 1], key[:, :, start:end],
+                                                       value[:, :, start:end], scale=scaling, enable_gqa=gqa))
+        out = torch.cat(rows, dim=2) if len(rows) > 1 else rows[0]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, exact_attention)
+
+
+@torch.inference_mode()
+def _row_invariant(layer: ExactLinear, gen: torch.Generator) -> bool:
+    """Whether a row's bits depend neither on how many rows share the pass nor on where it sits."""
+    x = torch.randn(MAX_ROWS, layer.in_features, generator=gen, dtype=layer.weight.dtype)
+    full = layer(x)
+    for rows in range(1, MAX_ROWS):
+        if not torch.equal(layer(x[:rows]), full[:rows]):
+            return False
+    for j in range(MAX_ROWS):  # a plain step puts its token first
+        if not torch.equal(layer(x[j:j + 1])[0], full[j]):
+            return False
+    return True
+
+
+def enable(model: torch.nn.Module) -> int:
+    """Switch a float32 CPU model to the exact mode in place; returns how many linears it covers.
+
+    Raises SpecvizError where the mode cannot hold (not float32 on a CPU, or no padding policy gives
+    row-invariant layers with this machine's kernels); the model is then left as it was."""
+    p = next(model.parameters(), None)
+    if p is None or p.device.type != "cpu" or p.dtype != torch.float32:
+        raise SpecvizError("the exact mode is for float32 models on a CPU")
+    from .cpu_kernels import unpack_linears
+
+    unpack_linears(model)
+    dnn = onednn_available()
+    gen = torch.Generator().manual_seed(0)
+    policy_of: dict[tuple, str | None] = {}
+    layers = [m for m in model.modules() if type(m) is torch.nn.Linear or isinstance(m, ExactLinear)]
+    for module in layers:
+        module.__class__ = ExactLinear
+        w = module.weight.detach()
+        module._svz_dnn = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) if dnn else None
+        shape = tuple(w.shape)
+        if shape not in policy_of:
+            policy_of[shape] = None
+            for policy in POLICIES:
+                module._svz_policy = policy
+                if _row_invariant(module, gen):
+                    policy_of[shape] = policy
+                    break
+        if policy_of[shape] is None:
+            disable(model)
+            raise SpecvizError(f"the exact mode cannot hold here: this machine's GEMM gives a {shape} layer's "
+                               "rows other bits depending on the rows beside them")
+        module._svz_policy = policy_of[shape]
+    _register()
+    model._svz_attn_before = model.config._attn_implementation
+    model.set_attn_implementation(ATTENTION)
+    model._svz_exact = True
+    return len(layers)
+
+
+def disable(model: torch.nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, ExactLinear):
+            module.__class__ = torch.nn.Linear
+            for attr in ("_svz_dnn", "_svz_policy"):
+                module.__dict__.pop(attr, None)
+    if getattr(model, "_svz_exact", False):
+        model.set_attn_implementation(getattr(model, "_svz_attn_before", None) or "sdpa")
+        model._svz_exact = False
+
+
+def is_exact(model: torch.nn.Module) -> bool:
+    return bool(getattr(model, "_svz_exact", False))
+
+
+def kernel(model: torch.nn.Module) -> str:
+    """What the exact mode runs on for this model ("onednn" or "torch")."""
+    for m in model.modules():
+        if isinstance(m, ExactLinear):
+            return "onednn" if m._svz_dnn is not None else "torch"
+    return "none"

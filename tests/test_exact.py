@@ -1,0 +1,97 @@
+"""The exact mode: a token's logits have the same bits whether scored alone or inside a verify pass
+of any length (fp32, CPU), so greedy speculative decoding equals vanilla decoding by construction."""
+
+import copy
+
+import pytest
+import torch
+
+from specviz.backends import exact
+from specviz.backends.transformers import CachedLM
+from specviz.engine import DecodeConfig, speculative_decode, vanilla_decode
+from specviz.drafters import PromptLookupDrafter
+from specviz.errors import SpecvizError
+from tests.fixtures.tiny import tiny_llama, tiny_tokenizer
+
+CONTEXTS = (5, 100, 400)
+
+
+def differing_rows(lm: CachedLM, seq: list[int], ctx: int, max_rows: int = 16) -> list[tuple[int, float]]:
+    """Feed ``seq[ctx:ctx + r]`` as one pass for r = 1..max_rows after ``seq[:ctx]``, and compare
+    each pass's logits with the same tokens fed one at a time: the rows whose bits differ."""
+    lm.reset()
+    lm.feed(seq[:ctx], keep_logits=1)
+    alone = torch.stack([lm.feed([seq[ctx + j]], keep_logits=1)[0] for j in range(max_rows)])
+    bad = []
+    for r in range(1, max_rows + 1):
+        lm.rollback(ctx)
+        block = lm.feed(seq[ctx:ctx + r])
+        if not torch.equal(block, alone[:r]):
+            bad.append((r, float((block - alone[:r]).abs().max())))
+    return bad
+
+
+def exact_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A separate copy of a loaded model (its own config: the mode sets the attention there)."""
+    twin = type(model)(copy.deepcopy(model.config))
+    twin.load_state_dict(model.state_dict())
+    twin.eval()
+    exact.enable(twin)
+    return twin
+
+
+def test_tiny_model_logits_are_bit_identical_for_every_pass_length():
+    model = tiny_llama(seed=3, layers=3, hidden=64)
+    assert exact.enable(model) == 3 * 7 + 1 and exact.is_exact(model)
+    lm = CachedLM(model)
+    seq = [int(t) for t in torch.randint(3, model.config.vocab_size, (420,), generator=torch.Generator().manual_seed(0))]
+    for ctx in CONTEXTS:
+        assert differing_rows(lm, seq, ctx) == [], ctx
+
+
+def test_tiny_greedy_speculative_equals_vanilla_in_the_exact_mode():
+    model = tiny_llama(seed=1, layers=2, sharpness=8.0)
+    exact.enable(model)
+    tok = tiny_tokenizer()
+    lm = CachedLM(model, len(tok))
+    prompt = tok("abc abc abc abc abd abc abc")["input_ids"]
+    cfg = DecodeConfig(gamma=5, max_new_tokens=40)
+    spec = list(speculative_decode(lm, PromptLookupDrafter(3, adaptive=False), tok, prompt, cfg))[-1]
+    plain = list(vanilla_decode(lm, tok, prompt, cfg))[-1]
+    assert spec.proposed > 0 and spec.output_ids == plain.output_ids
+
+
+def test_the_mode_refuses_what_it_cannot_hold():
+    with pytest.raises(SpecvizError, match="float32"):
+        exact.enable(tiny_llama(seed=0, layers=1, dtype=torch.bfloat16))
+
+
+def test_disable_restores_the_plain_model():
+    model = tiny_llama(seed=0, layers=1)
+    exact.enable(model)
+    exact.disable(model)
+    assert not exact.is_exact(model) and model.config._attn_implementation == "sdpa"
+    assert not any(isinstance(m, exact.ExactLinear) for m in model.modules())
+
+
+def test_loading_in_the_exact_mode_says_so(tiny_registry, monkeypatch):
+    from specviz.pipeline import build_pipeline
+    from specviz.registry import load_registry
+
+    monkeypatch.setenv("SPECVIZ_EXACT", "1")
+    pipe = build_pipeline(load_registry(tiny_registry), pair="tiny-lookup", device="cpu", dtype="float32")
+    assert pipe.target.kernels == "exact" and exact.is_exact(pipe.target.model)
+    assert pipe.info()["target"]["kernels"] == "exact"
+    monkeypatch.setenv("SPECVIZ_EXACT", "0")
+    plain = build_pipeline(load_registry(tiny_registry), pair="tiny-lookup", device="cpu", dtype="float32")
+    assert plain.target.model is not pipe.target.model and not exact.is_exact(plain.target.model)
+
+
+def test_real_model_logits_are_bit_identical_for_1_to_16_rows(real_pipeline_factory):
+    """The issue's test: SmolLM2-135M, fp32, passes of 1..16 tokens at three context lengths."""
+    pipe = real_pipeline_factory("smollm2-135m-lookup")
+    lm = CachedLM(exact_copy(pipe.target.model))
+    seq = pipe.encode("The quick brown fox jumps over the lazy dog. " * 60, chat=False)
+    assert len(seq) > max(CONTEXTS) + 16
+    for ctx in CONTEXTS:
+        assert differing_rows(lm, seq, ctx) == [], ctx
