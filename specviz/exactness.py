@@ -1,8 +1,10 @@
 """Comparing a speculative output with vanilla decoding's, and explaining any difference.
 
-A multi-token verify pass runs other kernels than one-token decoding, so float sums differ in
-the last bits; greedy output may then diverge at a near tie.  A divergence is reported with the
-top-2 logit margin of the vanilla target at that point: ~1e-5 is numerics, more is a bug.
+On torch's own kernels a multi-token verify pass sums in another order than one-token decoding,
+so logits differ in the last bits and greedy output may diverge at a near tie.  A divergence is
+reported with the top-2 logit margin of the vanilla target at that point: ~1e-5 is numerics, more
+is a bug.  On the exact kernels (``backends/exact.py``, the fp32 CPU default) there is no such
+noise: any divergence at all is a bug, and ``exact_kernels`` says so.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class Exactness:
     vanilla_token: int | None = None
     speculative_token: int | None = None
     margin: float | None = None  # the vanilla target's top-1 minus top-2 logit there
+    exact_kernels: bool = False  # the target ran on row-invariant kernels: no numerical excuse
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -30,7 +33,10 @@ class Exactness:
             return "identical to vanilla"
         if self.margin is None:
             return f"differs from vanilla at new token {self.index}"
-        kind = "a near tie (numerics)" if self.margin < 1e-3 else "NOT a near tie"
+        if self.exact_kernels:
+            kind = "a BUG: the kernels are row-invariant, so numerics cannot explain it"
+        else:
+            kind = "a near tie (numerics)" if self.margin < 1e-3 else "NOT a near tie"
         return (f"differs from vanilla at new token {self.index} (top-2 logit margin "
                 f"{self.margin:.2e}: {kind})")
 
@@ -52,5 +58,6 @@ def compare(target: Target, prompt_ids: list[int], vanilla_ids: list[int], spec_
         logits = target.feed(prompt_ids + vanilla_ids[:i], keep_logits=1)[-1]
         top2 = torch.topk(logits, 2).values
         margin = float(top2[0] - top2[1])
+    exact_kernels = (target.describe() or {}).get("kernels") == "exact"
     return Exactness(False, i, vanilla_ids[i] if i < len(vanilla_ids) else None,
-                      spec_ids[i] if i < len(spec_ids) else None, margin)
+                      spec_ids[i] if i < len(spec_ids) else None, margin, exact_kernels)

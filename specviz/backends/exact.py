@@ -94,10 +94,11 @@ class ExactLinear(torch.nn.Linear):
 
 def exact_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                     **kwargs):
-    """transformers attention (batch 1, causal): each query row attends to the keys up to its own
-    position in its own one-query call, the call a plain step makes for that token."""
-    if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None or query.shape[0] != 1:
-        raise SpecvizError("exact mode supports batch-1 causal attention without bias or softcap")
+    """transformers attention (causal, sequences of equal length: specviz never pads): each query row
+    attends to the keys up to its own position in its own one-query call, the call a plain step
+    makes for that token."""
+    if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
+        raise SpecvizError("the exact mode supports causal attention without position bias or softcap")
     gqa = key.shape[1] != query.shape[1]
     q_len, kv_len = query.shape[2], key.shape[2]
     past = kv_len - q_len

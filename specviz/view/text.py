@@ -124,6 +124,9 @@ def summary_markdown(spec: Trace, vanilla: Trace | None, exact: Exactness | None
     if exact is not None:
         if spec.greedy:
             verdict = "**identical to vanilla**, token for token" if exact.identical else f"**{md(exact.describe())}**"
+            if spec.start is not None and spec.start.target.get("kernels") == "exact":
+                verdict += (" (exact by construction on these kernels: a token's logits have the same bits "
+                            "alone or inside a verify pass)")
         else:
             verdict = ("sampled run: outputs differ by design (same distribution, different draws); "
                        "the Lab's *Same outputs?* experiment tests the distribution")
