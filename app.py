@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 import gradio as gr
@@ -21,7 +20,7 @@ from specviz.mainthread import MainThreadRunner
 from specviz.pipeline import build_pipeline, resolve_pair
 from specviz.registry import load_registry
 from specviz.view import tokens
-from specviz.view.frames import Frame, FrameMaker, inspector_frame, live_run
+from specviz.view.frames import Frame, FrameMaker, inspector_frame, live_run, replay_frames
 from specviz.view.text import md, progress_line, waiting_status
 
 try:  # ZeroGPU on Hugging Face Spaces; a no-op everywhere else
@@ -143,27 +142,14 @@ def replay(file, request: gr.Request = None):
     """Replay a run the visitor uploaded, without any model: iterations appear as they did, sped up."""
     if file is None:
         return
-    from specviz.trace import Trace
-    from specviz.view.frames import LiveState
-
     path = file if isinstance(file, str) else getattr(file, "path", None) or getattr(file, "name", None)
     try:
         spec, vanilla, meta = EXPORTS.load_upload(path, gr.utils.get_upload_folder())
     except ValueError as e:
         yield _error(f"cannot replay this file: {e}")
         return
-    maker, shown = FrameMaker(), Trace(start=spec.start)
-    step = max(1, len(spec.iterations) // 40)  # about 40 frames
-    for i, e in enumerate(spec.iterations):
-        shown.iterations.append(e)
-        maker.rendered.append(tokens.iteration_html(e))
-        if i % step == 0:
-            yield {C["status"]: f"► replaying a saved run ({i + 1}/{len(spec.iterations)} iterations)",
-                   C["tokens"]: tokens.tokens_html([], maker.rendered)}
-            time.sleep(0.05)
-    frame = maker.final(LiveState("done", spec, vanilla), stopped=spec.summary is None)
-    frame.status = f"► replayed a saved run ({md(meta.get('saved', 'undated'))}): no model was loaded"
-    yield _updates(frame)
+    for frame in replay_frames(spec, vanilla, meta.get("saved", "undated")):
+        yield _updates(frame)
 
 
 def inspect(runs, index):

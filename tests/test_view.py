@@ -6,7 +6,7 @@ from specviz.backends.transformers import CachedLM
 from specviz.drafters import ModelDrafter
 from specviz.engine import DecodeConfig, encode_prompt
 from specviz.view import text, tokens
-from specviz.view.frames import CHART_NAMES, FrameMaker, live_run
+from specviz.view.frames import CHART_NAMES, FrameMaker, live_run, replay_frames
 
 
 class FakePipe:
@@ -77,3 +77,14 @@ def test_queue_and_progress_lines():
     assert text.waiting_status(3, 42.4) == "● waiting for the decoder: 3 runs ahead, about 42 s…"
     line = text.progress_line(0.5, 5, 10, "sweeping γ = 5 <b>")
     assert line.startswith("`" + "█" * 10 + "░" * 10 + "` 5/10") and "<b>" not in line
+
+
+def test_replay_frames_pace_a_saved_run_and_end_on_its_page(target_model, draft_model, tok):
+    states = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc", DecodeConfig(gamma=3, max_new_tokens=30)))
+    spec, vanilla = states[-1].spec, states[-1].vanilla
+    frames = list(replay_frames(spec, vanilla, "<b>2026</b>", frames=4, pause_s=0.0))
+    *paced, last = frames
+    n = len(spec.iterations)
+    assert 1 <= len(paced) <= 5 and paced[0].status == f"► replaying a saved run (1/{n} iterations)"
+    assert last.status.startswith("► replayed a saved run") and "<b>" not in last.status  # escaped
+    assert last.result["tokens"] == spec.tokens and last.summary

@@ -183,3 +183,21 @@ class FrameMaker:
         if self.latest is None or self.latest.spec.start is None:
             return None
         return self.final(self.latest, stopped=True)
+
+
+def replay_frames(spec: Trace, vanilla: Trace | None, saved: str, frames: int = 40,
+                  pause_s: float = 0.05) -> Iterator[Frame]:
+    """A saved run replayed without a model: about ``frames`` frames as its iterations appeared
+    (sped up), then the page it ended with."""
+    maker = FrameMaker()
+    n = len(spec.iterations)
+    step = max(1, n // frames)
+    for i, e in enumerate(spec.iterations):
+        maker.rendered.append(tokens.iteration_html(e))
+        if i % step == 0:
+            yield Frame(status=f"► replaying a saved run ({i + 1}/{n} iterations)",
+                        tokens=tokens.tokens_html([], maker.rendered))
+            time.sleep(pause_s)
+    frame = maker.final(LiveState("done", spec, vanilla), stopped=spec.summary is None)
+    frame.status = f"► replayed a saved run ({text.md(saved)}): no model was loaded"
+    yield frame
