@@ -3,7 +3,15 @@ kernels and on the exact kernels, same weights, alternated (README: Kernels).
 
     SPECVIZ_EXACT=0 python scripts/kernel_probe.py
 """
-import torch, time, copy, statistics as st
+import copy
+import statistics as st
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from specviz.registry import load_registry
 from specviz.pipeline import build_pipeline
 from specviz.backends import exact
