@@ -194,10 +194,3 @@ def disable(model: torch.nn.Module) -> None:
 def is_exact(model: torch.nn.Module) -> bool:
     return bool(getattr(model, "_svz_exact", False))
 
-
-def kernel(model: torch.nn.Module) -> str:
-    """What the exact mode runs on for this model ("onednn" or "torch")."""
-    for m in model.modules():
-        if isinstance(m, ExactLinear):
-            return "onednn" if m._svz_dnn is not None else "torch"
-    return "none"
