@@ -53,6 +53,24 @@ def test_seeded_sampling_repeats():
     assert a == b
 
 
+def test_one_hot_needs_no_draw_but_any_other_mass_does():
+    """A one-hot p (every greedy step) has one outcome, returned without touching the generator;
+    a distribution with any other mass, however small, is still drawn from (exactness)."""
+    one_hot = torch.zeros(1000)
+    one_hot[417] = 1.0
+    g, ref = make_generator(3), make_generator(3)
+    assert [sample(one_hot, g) for _ in range(5)] == [417] * 5
+    assert torch.equal(g.get_state(), ref.get_state())
+    almost = one_hot.clone()
+    almost[3] = 1e-30
+    sample(almost, g)
+    assert not torch.equal(g.get_state(), ref.get_state())
+    tiny_rival = torch.zeros(2)
+    tiny_rival[0], tiny_rival[1] = 1e-3, 1.0
+    draws = [sample(tiny_rival, make_generator(s)) for s in range(6000)]
+    assert 0 < draws.count(0) < 30  # ~6 expected: the rival is not rounded away
+
+
 @pytest.mark.parametrize("kwargs,needle", [
     ({"temperature": -0.1}, "temperature"),
     ({"temperature": float("nan")}, "temperature"),
