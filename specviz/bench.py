@@ -339,6 +339,8 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
            "max_new_tokens": args.max_new_tokens, "repeats": repeats, "device": str(pipe.target.device),
            "dtype": str(pipe.target.dtype), "kernels": pipe.target.kernels,
            "machine": machine(), "configs": []}
+    if vllm is not None:
+        out["vllm"] = vllm.info()["draft"]
     jobs = [(g, t) for g in gammas for t in args.temperature]
     bar = tqdm(total=len(jobs) * len(prompts), file=sys.stderr, desc="bench", disable=tqdm is None) if tqdm else None
     t0 = time.time()
@@ -382,7 +384,8 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
               f"of {repeats} repeats; med = median of per-prompt ratios, tot = total-time ratio of the minima, "
               f"range = lowest-highest per-prompt ratio; spread = median over prompts of max/min - 1 of the repeats, "
               f"noisy = prompts whose repeats differ by > {NOISY:.0%}; peer = transformers generate() with the same "
-              f"drafter over plain generate(); vllm med/tot = vLLM with its speculation over vLLM without (same "
+              f"drafter over plain generate(); vllm med/tot = vLLM with its speculation"
+              f"{' (' + out['vllm']['source'] + ')' if vllm is not None else ''} over vLLM without (same "
               f"prompts, same box; vllm same = vLLM speculative == vLLM plain, vLLM plain == specviz vanilla); decode x = without the shared prefill; theory x = Leviathan et al.'s "
               f"prediction from the measured per-position acceptance alpha, c, v (i.i.d. acceptance); cost x = "
               f"measured tokens per iteration over the measured draft + verify time, in vanilla steps. "

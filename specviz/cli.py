@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer-vllm", nargs="?", const="start", metavar="URLS",
                    help="add vLLM with speculation over vLLM without: 'start' (default) starts both servers "
                         "for the pair (bash scripts/setup.sh --vllm), or 'SPEC_URL,VANILLA_URL'")
+    p.add_argument("--vllm-method", choices=("ngram", "suffix"), default="ngram",
+                   help="vLLM's drafting for a lookup pair: its n-gram proposer, or suffix decoding "
+                        "(arctic-inference; the cache of past answers off, since prompts repeat)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each prompt, interleaved; the minimum counts")
     p.add_argument("--compare", nargs="+", default=[], metavar="PAIR",
                    help="other pairs over the same target, run in the same rotation against the same vanilla runs")
@@ -211,7 +214,7 @@ def cmd_bench(args) -> int:
         from .backends.vllm import VLLMBackend
 
         if args.peer_vllm == "start":
-            vllm = VLLMBackend.launch(pipe.name if args.pair or not args.target else None)
+            vllm = VLLMBackend.launch(pipe.name if args.pair or not args.target else None, method=args.vllm_method)
         else:
             urls = [u.strip() for u in args.peer_vllm.split(",")]
             vllm = VLLMBackend.connect(urls[0], urls[1] if len(urls) > 1 else None, pair=pipe.name)

@@ -195,6 +195,20 @@ def test_pairs_vllm_cannot_run(tmp_path):
         plan_pair("no-such-pair")
     with pytest.raises(SpecvizError, match="gamma"):
         plan_pair(None, gamma=0)
+    with pytest.raises(SpecvizError, match="ngram or suffix"):
+        plan_pair(None, method="eagle")
+
+
+def test_suffix_plan_turns_the_answer_cache_off():
+    """vLLM's suffix decoding for a lookup pair: capped at the pair's gamma, and without the global
+    tree of past answers (a benchmark repeats prompts; a cache would replay the previous answer)."""
+    from specviz.backends.vllm import plan_pair
+
+    plan = plan_pair(None, method="suffix")
+    assert plan.method == "suffix" and plan.gamma == 10
+    assert plan.spec_config == {"method": "suffix", "num_speculative_tokens": 10,
+                                "suffix_decoding_max_cached_requests": 0}
+    assert plan_pair(None, gamma=3, method="suffix").spec_config["num_speculative_tokens"] == 3
 
 
 def test_server_without_step_trace_still_adds_up(vllm_backend):

@@ -74,7 +74,7 @@ class ServePlan:
     model: str  # a folder vLLM can load, or a hub id
     offline: bool
     gamma: int
-    method: str  # "lookup" | "draft_model"
+    method: str  # "lookup" | "suffix" | "draft_model"
     spec_config: dict
     env: dict = field(default_factory=dict)
     draft: str = ""  # the draft model's folder or hub id (draft_model pairs)
@@ -147,8 +147,14 @@ def convert_gguf(gguf: Path, out: Path, progress=None) -> Path:
 
 
 def plan_pair(pair: str | None = None, gamma: int | None = None, models: str | None = None,
-              progress=None) -> ServePlan:
-    """How to serve a registry pair with vLLM, or a SpecvizError saying why it cannot be."""
+              progress=None, method: str = "ngram") -> ServePlan:
+    """How to serve a registry pair with vLLM, or a SpecvizError saying why it cannot be.
+
+    ``method`` (lookup pairs): "ngram", vLLM's n-gram proposer (wrapped to trace every step), or
+    "suffix", vLLM's suffix decoding (arctic-inference) with the global tree of past responses
+    off: a benchmark repeats each prompt, and a cache of answers would replay the last one."""
+    if method not in ("ngram", "suffix"):
+        raise SpecvizError(f"vLLM method {method!r}: choose ngram or suffix")
     reg, base = _registry(models)
     pairs = reg.get("pairs") or {}
     name = pair or reg.get("default_pair") or next(iter(pairs), None)
@@ -168,12 +174,20 @@ def plan_pair(pair: str | None = None, gamma: int | None = None, models: str | N
         # vLLM's n-gram proposer is not cost-aware like specviz's: it proposes k tokens at every
         # match.  The pair's own gamma and shortest n-gram are tuned for specviz's adaptive drafter
         # (gamma 10, 1-grams: 3% of drafts kept on vLLM here, no speedup), so vLLM gets its own.
+        if method == "suffix":
+            if gamma is None:  # suffix decoding sizes each proposal itself; gamma is only its cap
+                k = int(p.get("gamma") or 4)
+            return ServePlan(name, p["target"], model, offline, k, "suffix",
+                             {"method": "suffix", "num_speculative_tokens": k,
+                              "suffix_decoding_max_cached_requests": 0})
         k = int(gamma or VLLM_LOOKUP["k"])
         lo = max(VLLM_LOOKUP["min_ngram"], int(drafter.get("min_ngram", 1)))
         hi = max(lo, int(drafter.get("max_ngram", 4)))
         return ServePlan(name, p["target"], model, offline, k, "lookup",
                          {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k},
                          {"SPECVIZ_VLLM_LOOKUP_MIN": str(lo), "SPECVIZ_VLLM_LOOKUP_MAX": str(hi)})
+    if method != "ngram":
+        raise SpecvizError(f"pair {name!r}: vLLM's {method} decoding drafts from text; this pair drafts with {kind}")
     if kind == "model":
         draft, draft_offline = model_folder(drafter["model"], reg, base, progress)
         return ServePlan(name, p["target"], model, offline and draft_offline, k, "draft_model",
@@ -327,10 +341,10 @@ class VLLMBackend:
     @classmethod
     def launch(cls, pair: str | None = None, gamma: int | None = None, dtype: str = "float32",
                tensor_parallel_size: int = 1, models: str | None = None, vanilla: bool = True,
-               progress=None, timeout: float = 600.0) -> "VLLMBackend":
+               progress=None, timeout: float = 600.0, method: str = "ngram") -> "VLLMBackend":
         """Start a speculative (and a vanilla) server for a registry pair; ``close()`` stops them."""
         require_vllm()
-        plan = plan_pair(pair, gamma, models, progress)
+        plan = plan_pair(pair, gamma, models, progress, method)
         servers = [VLLMServer(plan, True, dtype=dtype, tensor_parallel_size=tensor_parallel_size)]
         if vanilla:
             servers.append(VLLMServer(plan, False, dtype=dtype, tensor_parallel_size=tensor_parallel_size))
@@ -392,8 +406,9 @@ class VLLMBackend:
 
     def info(self) -> dict:
         target = dict(self.model_info.get("target", {}))
-        kind = "vLLM's n-gram proposer (wrapped by specviz)" if self.model_info.get("method") == "lookup" \
-            else "vLLM's draft-model proposer"
+        kind = {"lookup": "vLLM's n-gram proposer (wrapped by specviz)",
+                "suffix": "vLLM's suffix decoding (arctic-inference)"}.get(self.model_info.get("method"),
+                                                                           "vLLM's draft-model proposer")
         return {"target": target, "draft": {"name": kind, "device": target.get("device", "vLLM"),
                                             "dtype": target.get("dtype", "?"), "source": "vLLM speculative_config "
                                             + json.dumps(self.model_info.get("spec_config", {}))}}
