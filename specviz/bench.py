@@ -21,7 +21,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -130,14 +130,16 @@ def _spread(ms: list[float]) -> float:
 
 def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_new_tokens: int, seed: int,
                peer: bool, chat: bool = True, costs: tuple | None = None, repeats: int = 1,
-               others: list[Pipeline] | None = None, vllm=None) -> list[PromptResult]:
+               others: list[Pipeline] | None = None, vllm=None, own_gamma: bool = False) -> list[PromptResult]:
     """One prompt, ``repeats`` rounds; each round runs vanilla, every pipeline's speculative
     decoding (and transformers' plain and assisted generate) once, starting one later each round
     so that no decoder always goes first. One result per pipeline (``pipe`` first, then ``others``),
-    all against the same vanilla runs."""
+    all against the same vanilla runs. ``own_gamma``: each of ``others`` runs at its own pair's
+    gamma (a self-draft pair tuned for gamma 3 is not measured at the lookup pair's 10)."""
     cfg = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, sampling=SamplingConfig(temperature), seed=seed,
                        costs=costs)
     pipes = [pipe] + list(others or [])
+    cfgs = [cfg] + [replace(cfg, gamma=p.gamma) if own_gamma else cfg for p in pipes[1:]]
     ids = pipe.encode(row["prompt"], chat)
     extra = pipe.peer_kwargs(gamma) if peer else None
     jobs: list[tuple[str, object]] = [("vanilla", None)] + [("spec", i) for i in range(len(pipes))]
@@ -157,7 +159,7 @@ def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_ne
                 ms.setdefault(job, []).append(tr.summary.wall_ms)
                 traces.setdefault(job, []).append(tr)
             elif what == "spec":
-                tr = Trace.of(pipes[i].speculative(ids, cfg))
+                tr = Trace.of(pipes[i].speculative(ids, cfgs[i]))
                 ms.setdefault(job, []).append(tr.summary.wall_ms)
                 traces.setdefault(job, []).append(tr)
             elif what == "vllm":
@@ -183,7 +185,7 @@ def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_ne
             cmp = compare(p.target_lm, ids, van.output_ids, spec.output_ids)
             identical, divergence = cmp.identical, "" if cmp.identical else cmp.describe()
         res = PromptResult(
-            row["id"], row["category"], gamma, temperature, spec.tokens, min(van_ms), min(runs),
+            row["id"], row["category"], cfgs[i].gamma, temperature, spec.tokens, min(van_ms), min(runs),
             min(van_ms) - van.summary.prefill_ms, min(runs) - spec.summary.prefill_ms,
             spec.proposed, spec.accepted, spec.examined, len(spec.iterations), identical, divergence,
             [len(e.proposed) for e in spec.iterations], spec.verify_ms_by_gamma(),
@@ -349,18 +351,19 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
         for row in prompts:
             results.append(run_prompt(pipe, row, g, t, args.max_new_tokens, args.seed, not args.no_peer,
                                       chat=not args.no_chat, costs=costs, repeats=repeats, others=others,
-                                      vllm=vllm))
+                                      vllm=vllm, own_gamma=not args.gamma))
             if bar:
                 bar.update(1)
         for i, p in enumerate([pipe] + others):
             mine = [r[i] for r in results]
             rows = summarize(mine)
-            out["configs"].append({"pair": p.name, "gamma": g, "temperature": t, "rows": [asdict(r) for r in rows],
+            pg = p.gamma if i and not args.gamma else g
+            out["configs"].append({"pair": p.name, "gamma": pg, "temperature": t, "rows": [asdict(r) for r in rows],
                                    "prompts": [dict(asdict(r), noisy=r.noisy) for r in mine]})
             if not args.json:
                 if bar:
                     bar.clear()
-                print(f"\n## {p.name}: gamma {g}, temperature {t}, {args.max_new_tokens} new tokens, "
+                print(f"\n## {p.name}: gamma {pg}, temperature {t}, {args.max_new_tokens} new tokens, "
                       f"{len(prompts)} prompts x {repeats} repeats, {pipe.target.device} "
                       f"{str(pipe.target.dtype).replace('torch.', '')}, kernels: {pipe.target.kernels}")
                 print(table(rows))

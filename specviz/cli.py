@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(arctic-inference; the cache of past answers off, since prompts repeat)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each prompt, interleaved; the minimum counts")
     p.add_argument("--compare", nargs="+", default=[], metavar="PAIR",
-                   help="other pairs over the same target, run in the same rotation against the same vanilla runs")
+                   help="other pairs over the same target, run in the same rotation against the same vanilla runs, "
+                        "each at its own gamma (all at --gamma where given)")
     p.add_argument("--json", action="store_true")
     vllm_cli.add_parser(sub)  # vllm-serve: its own module (specviz never imports vllm)
     _add_lab(sub)

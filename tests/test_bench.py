@@ -125,6 +125,20 @@ def test_bench_repeats_interleave_and_record_spread(capsys, tiny_registry, promp
     assert [p["vanilla_runs_ms"] for p in a] == [p["vanilla_runs_ms"] for p in b]
 
 
+def test_compared_pairs_run_at_their_own_gamma(capsys, tiny_registry, prompt_file):
+    """Without --gamma each pair runs at its registry gamma (tiny-lookup 5, tiny-draft 4); the
+    model draft really proposes at most 4 tokens an iteration."""
+    code = main(["bench", "--models", str(tiny_registry), "--pair", "tiny-lookup", "--prompts", str(prompt_file),
+                 "--limit", "1", "--max-new-tokens", "12", "--repeats", "1", "--no-peer",
+                 "--compare", "tiny-draft", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    lookup, draft = out["configs"]
+    assert (lookup["gamma"], draft["gamma"]) == (5, 4)
+    assert {p["gamma"] for p in draft["prompts"]} == {4}
+    assert max(g for p in draft["prompts"] for g in p["gammas"]) == 4
+
+
 def test_bench_flags_noisy_prompts():
     from specviz.bench import PromptResult
 
