@@ -357,7 +357,7 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
         for i, p in enumerate([pipe] + others):
             mine = [r[i] for r in results]
             rows = summarize(mine)
-            pg = p.gamma if i and not args.gamma else g
+            pg = mine[0].gamma  # what run_prompt ran this pair at
             out["configs"].append({"pair": p.name, "gamma": pg, "temperature": t, "rows": [asdict(r) for r in rows],
                                    "prompts": [dict(asdict(r), noisy=r.noisy) for r in mine]})
             if not args.json:

@@ -170,16 +170,13 @@ def plan_pair(pair: str | None = None, gamma: int | None = None, models: str | N
         raise SpecvizError(f"pair {name!r} drafts with the target's own first layers (early exit), "
                            "which vLLM cannot run; pick a lookup or draft-model pair")
     model, offline = model_folder(p["target"], reg, base, progress)
+    if kind == "prompt_lookup" and method == "suffix":  # it sizes each proposal itself; k is the cap
+        return ServePlan(name, p["target"], model, offline, k, "suffix",
+                         {"method": "suffix", "num_speculative_tokens": k, "suffix_decoding_max_cached_requests": 0})
     if kind == "prompt_lookup":
         # vLLM's n-gram proposer is not cost-aware like specviz's: it proposes k tokens at every
         # match.  The pair's own gamma and shortest n-gram are tuned for specviz's adaptive drafter
         # (gamma 10, 1-grams: 3% of drafts kept on vLLM here, no speedup), so vLLM gets its own.
-        if method == "suffix":
-            if gamma is None:  # suffix decoding sizes each proposal itself; gamma is only its cap
-                k = int(p.get("gamma") or 4)
-            return ServePlan(name, p["target"], model, offline, k, "suffix",
-                             {"method": "suffix", "num_speculative_tokens": k,
-                              "suffix_decoding_max_cached_requests": 0})
         k = int(gamma or VLLM_LOOKUP["k"])
         lo = max(VLLM_LOOKUP["min_ngram"], int(drafter.get("min_ngram", 1)))
         hi = max(lo, int(drafter.get("max_ngram", 4)))
