@@ -26,7 +26,7 @@ def dev_prompts():
     return out
 
 
-@pytest.mark.parametrize("pair", ["smollm2-135m-lookup", "smollm2-135m-early-exit"])
+@pytest.mark.parametrize("pair", ["smollm2-135m-head", "smollm2-135m-lookup", "smollm2-135m-early-exit"])
 def test_greedy_identical_to_vanilla_on_dev_prompts(pair, real_pipeline_factory):
     pipe = real_pipeline_factory(pair)
     cfg = DecodeConfig(gamma=pipe.gamma, max_new_tokens=40)

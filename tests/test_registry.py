@@ -51,7 +51,8 @@ def test_real_registry_parses_and_orders_pairs():
     assert rows[0][0].name == reg.default()
     flags = [offline for _, offline in rows[1:]]
     assert flags == sorted(flags, reverse=True)  # offline pairs before Hub-only pairs
-    assert reg.default() == "smollm2-135m-lookup"
+    assert reg.default() == "smollm2-135m-head"
+    assert "smollm2-135m-lookup" in reg.pairs
     assert "smollm2-135m-early-exit" in reg.pairs
 
 

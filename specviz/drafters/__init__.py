@@ -11,13 +11,14 @@ from __future__ import annotations
 from ..errors import SpecvizError
 from .base import Drafter, DrafterKind, Proposal
 from .early_exit import EarlyExitDrafter, EarlyExitKind
+from .head import HeadDrafter, HeadKind
 from .lookup import LookupKind, PromptLookupDrafter
 from .model import ModelDrafter, ModelKind
 from .quantized import SelfDraftDrafter, SelfDraftKind
 from .recycling import RecyclingDrafter, RecyclingKind
 
 KINDS: dict[str, DrafterKind] = {k.name: k for k in (LookupKind(), EarlyExitKind(), ModelKind(), RecyclingKind(),
-                                                     SelfDraftKind())}
+                                                     SelfDraftKind(), HeadKind())}
 
 
 def kind(name: str, where: str = "drafter") -> DrafterKind:
@@ -45,4 +46,4 @@ def choices(model_names) -> list[str]:
 
 
 __all__ = ["KINDS", "Drafter", "DrafterKind", "Proposal", "PromptLookupDrafter", "EarlyExitDrafter",
-           "ModelDrafter", "RecyclingDrafter", "SelfDraftDrafter", "kind", "parse_drafter", "choices"]
+           "ModelDrafter", "RecyclingDrafter", "HeadDrafter", "SelfDraftDrafter", "kind", "parse_drafter", "choices"]

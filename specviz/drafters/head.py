@@ -1,0 +1,433 @@
+"""A trained draft head (after EAGLE, Li et al. 2024): a small network that reads the target's own
+last hidden state and the token just chosen, and predicts the target's next hidden state, hence its
+next token. Chained on its own predictions it drafts several tokens, each for a few percent of a
+target step: no second model, no second KV cache, and it drafts where nothing can be copied.
+
+The head: ``f = fc([h; embed(x)])``, one gated MLP block with a residual, an RMSNorm; its logits are
+the target's own output embedding (tied or not) restricted to the ``vocab`` the head was trained to
+predict (the tokens the target writes; FR-Spec, Zhao et al. 2025, calls this a frequency-ranked
+subset). ``f`` plays the part of the next hidden state for the next draft step. Weights come from
+``scripts/train_draft_head.py`` (the target's greedy answers to prompts the benchmark leaves out) as
+a safetensors file: no pickle, shapes checked against the target before use.
+
+The hidden states come for free: a forward hook on the target's final norm keeps the rows of the
+last pass (prefill or verify), and ``harvest`` tells which positions they were. The state that
+predicted the newest token is the one the head starts from.
+
+Combined with prompt lookup and the datastore (``lookup: true``, the default), each iteration
+proposes whichever source promises the most tokens per unit of measured cost, as the recycling
+drafter does: a head token's chance to be kept is learned during the run per band of the head's
+own probability for it, from a prior measured on held-out answers. q is the head's softmax over its
+vocabulary (zero elsewhere) after the run's temperature, top-k and top-p, so under sampling the
+acceptance rule sees a real q; under greedy it is one-hot. Either way the rule is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..backends.base import Timer
+from ..errors import SpecvizError
+from ..sampling import logits_to_probs, sample
+from .base import DrafterKind, Proposal
+from .lookup import LookupKind, PromptLookupDrafter
+
+FORMAT = "specviz-draft-head-1"
+ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"  # where the shorthand `head` looks
+BANDS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.95)  # lower edges of the bands of the head's top probability
+FLOOR = 0.08  # stop drafting once the chance that every head token so far is kept falls below this
+
+
+def band(p: float) -> int:
+    b = 0
+    for i, lo in enumerate(BANDS):
+        if p >= lo:
+            b = i
+    return b
+
+
+class DraftHead(torch.nn.Module):
+    """fc([h; e]) -> + gated MLP (residual) -> RMSNorm: the next hidden state's stand-in."""
+
+    def __init__(self, hidden: int, ff: int, eps: float = 1e-5):
+        super().__init__()
+        self.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
+        self.n1 = torch.nn.RMSNorm(hidden, eps=eps)
+        self.gate = torch.nn.Linear(hidden, ff, bias=False)
+        self.up = torch.nn.Linear(hidden, ff, bias=False)
+        self.down = torch.nn.Linear(ff, hidden, bias=False)
+        self.n2 = torch.nn.RMSNorm(hidden, eps=eps)
+
+    def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        z = self.fc(torch.cat([h, e], -1))
+        y = self.n1(z)
+        z = z + self.down(F.silu(self.gate(y)) * self.up(y))
+        return self.n2(z)
+
+    @torch.inference_mode()
+    def step(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """``forward`` for one row at inference: the matrix-vector products in float16 (the
+        weights are stored so; on a CPU, reading half the bytes makes a drafting step ~3x faster
+        than float32 once the target's pass has pushed the head out of the caches), gate and up
+        in one product, the norms in float32."""
+        w = getattr(self, "_half", None)
+        if w is None:
+            w = self._half = (self.fc.weight.half(), torch.cat([self.gate.weight, self.up.weight]).half(),
+                              self.down.weight.half())
+        fc, gu, down = w
+        z = F.linear(torch.cat([h, e], -1).half(), fc).float()
+        g, u = F.linear(self.n1(z).half(), gu).float().chunk(2, -1)
+        return self.n2(z + F.linear((F.silu(g) * u).half(), down).float())
+
+
+def chains(states: list[torch.Tensor], tokens: list[torch.Tensor], k: int):
+    """Training chains from teacher-forced passes: for each sequence, ``states[i][t]`` is the target's
+    final hidden state at position t and ``tokens[i][t]`` the token there. Returns (h_t,
+    x_{t+1..t+k+1}, h_{t+1..t+k}) for every t with a full chain."""
+    h0, xx, ht = [], [], []
+    for H, X in zip(states, tokens):
+        H = H.float()
+        T = len(X) - k - 1
+        if T <= 0:
+            continue
+        t = torch.arange(T)
+        h0.append(H[:T])
+        xx.append(torch.stack([X[t + 1 + j] for j in range(k + 1)], 1))
+        ht.append(torch.stack([H[t + 1 + j] for j in range(k)], 1))
+    return torch.cat(h0), torch.cat(xx), torch.cat(ht)
+
+
+def unrolled(head: DraftHead, embed: torch.Tensor, out_rows: torch.Tensor, vocab: torch.Tensor,
+             h: torch.Tensor, x: torch.Tensor, target: torch.Tensor):
+    """The head run as drafting runs it, from (h_t, x_{t+1}) on its own predicted states for
+    ``target.shape[1]`` steps. Returns (loss, per step: (top probability, chain alive before, hit))."""
+    remap = torch.full((embed.shape[0],), -100, dtype=torch.long)
+    remap[vocab] = torch.arange(len(vocab))
+    loss, steps = 0.0, []
+    alive = torch.ones(len(h), dtype=torch.bool)
+    for j in range(target.shape[1]):
+        h = head(h, embed[x[:, j]])
+        logits = h @ out_rows.T
+        w = (j + 1) ** -0.5
+        loss = loss + w * (F.cross_entropy(logits, remap[x[:, j + 1]], ignore_index=-100)
+                           + 5.0 * F.smooth_l1_loss(h, target[:, j]))
+        top, arg = logits.detach().softmax(-1).max(-1)
+        hit = vocab[arg] == x[:, j + 1]
+        steps.append((top, alive.clone(), hit))
+        alive = alive & hit
+    return loss, steps
+
+
+def fit(head: DraftHead, embed: torch.Tensor, out_rows: torch.Tensor, vocab: torch.Tensor, data, epochs: int,
+        lr: float = 2e-3, batch: int = 256, generator: torch.Generator | None = None, each_epoch=None) -> None:
+    """Train ``head`` on ``data`` = chains(...) with AdamW and a one-cycle schedule."""
+    h0, xx, ht = data
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.01)
+    per_epoch = max(1, len(h0) // batch)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=epochs * per_epoch, pct_start=0.05)
+    for ep in range(epochs):
+        head.train()
+        perm = torch.randperm(len(h0), generator=generator)
+        for b in range(per_epoch):
+            j = perm[b * batch:(b + 1) * batch]
+            loss, _ = unrolled(head, embed, out_rows, vocab, h0[j], xx[j], ht[j])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+        head.eval()
+        if each_epoch is not None:
+            each_epoch(ep)
+
+
+def priors(steps) -> list[list[float]]:
+    """Keep-chance priors per band of the top probability, from ``unrolled``'s steps on held-out
+    chains: the first step, and later steps after a kept one (shrunk toward the band's middle)."""
+    out = []
+    for part in (steps[:1], steps[1:]):
+        top = torch.cat([s[0][s[1]] for s in part])
+        hit = torch.cat([s[2][s[1]] for s in part])
+        b = torch.tensor([band(float(v)) for v in top], dtype=torch.long)
+        row = []
+        for i in range(len(BANDS)):
+            sel = b == i
+            mid = (BANDS[i] + (BANDS[i + 1] if i + 1 < len(BANDS) else 1.0)) / 2
+            row.append(round((float(hit[sel].sum()) + mid * 20) / (int(sel.sum()) + 20), 3))
+        out.append(row)
+    return out
+
+
+def save_head(path: str | Path, head: DraftHead, vocab: torch.Tensor, **meta) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in head.state_dict().items()}
+    tensors["vocab"] = vocab.to(torch.int32).contiguous()
+    meta = {"format": FORMAT, "hidden": str(head.fc.out_features), "ff": str(head.gate.out_features),
+            **{k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}}
+    save_file(tensors, str(path), metadata=meta)
+
+
+def load_head(path: str | Path, hidden: int, vocab_size: int) -> tuple[DraftHead, torch.Tensor, dict]:
+    """(head in float32, vocab ids, metadata); SpecvizError where the file is not a head for this target."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - safetensors raises several kinds; all mean "not readable"
+        raise SpecvizError(f"could not read draft head {path}: {e}") from None
+    if meta.get("format") != FORMAT:
+        raise SpecvizError(f"{path} is not a specviz draft head (format {meta.get('format')!r})")
+    try:
+        h, ff = int(meta["hidden"]), int(meta["ff"])
+    except (KeyError, ValueError):
+        raise SpecvizError(f"draft head {path}: its metadata lacks hidden/ff sizes") from None
+    if h != hidden:
+        raise SpecvizError(f"draft head {path} was trained for hidden size {h}; the target has {hidden}")
+    head = DraftHead(h, ff)
+    vocab = tensors.pop("vocab", None)
+    want = {k: tuple(v.shape) for k, v in head.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in tensors.items()}
+    if want != got:
+        raise SpecvizError(f"draft head {path}: tensors {got} do not match the architecture {want}")
+    if vocab is None or vocab.ndim != 1 or not len(vocab) or int(vocab.min()) < 0 or int(vocab.max()) >= vocab_size:
+        raise SpecvizError(f"draft head {path}: its vocabulary does not fit the target's {vocab_size} tokens")
+    head.load_state_dict({k: v.float() for k, v in tensors.items()})
+    head.eval().requires_grad_(False)
+    return head, vocab.long(), meta
+
+
+class HiddenTap:
+    """Keeps the output of the target's final norm from its latest forward pass (one per model)."""
+
+    def __init__(self, norm: torch.nn.Module):
+        self.last: torch.Tensor | None = None
+        norm.register_forward_hook(self._hook)
+
+    def _hook(self, module, args, output) -> None:
+        self.last = output.detach()
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> "HiddenTap":
+        tap = getattr(model, "_svz_hidden_tap", None)
+        if tap is None:
+            decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+            norm = getattr(decoder, "norm", None)
+            if not isinstance(norm, torch.nn.Module):
+                raise SpecvizError("a draft head needs a target with a final norm (model.get_decoder().norm)")
+            tap = cls(norm)
+            model._svz_hidden_tap = tap
+        return tap
+
+
+class HeadDrafter(PromptLookupDrafter):
+    """A trained draft head chained on its own predictions, optionally with prompt lookup + datastore."""
+
+    kind = "head"
+    # chance a head token is kept, per band of the head's top probability there: the first of a chain,
+    # and a later one after a kept one (measured by scripts/train_draft_head.py on held-out answers)
+    PRIOR_FIRST = (0.12, 0.3, 0.5, 0.7, 0.87, 0.97)
+    PRIOR_NEXT = (0.12, 0.3, 0.5, 0.7, 0.87, 0.97)
+
+    def __init__(self, target_model: torch.nn.Module, head: DraftHead, vocab: torch.Tensor, vocab_size: int,
+                 lookup: bool = True, max_ngram: int = 4, min_ngram: int = 1, datastore=None,
+                 priors: tuple | None = None, label: str = "draft head"):
+        self.head, self.vocab, self.vocab_size, self.lookup = head, vocab, vocab_size, lookup
+        self.tap = HiddenTap.of(target_model)
+        self.embed = target_model.get_input_embeddings().weight.detach()
+        out = target_model.get_output_embeddings()
+        weight = getattr(out, "weight", None)
+        if weight is None or weight.shape[0] < int(vocab.max()) + 1 or weight.dtype != torch.float32:
+            raise SpecvizError("a draft head needs the target's float32 output embedding")
+        self.out_rows = weight.detach()[vocab].half().contiguous()  # (|vocab|, hidden), float16 as the head
+        self.index = torch.full((vocab_size,), -1, dtype=torch.long)  # token id -> row in the head's vocab
+        self.index[vocab] = torch.arange(len(vocab))
+        if priors is not None:
+            self.PRIOR_FIRST, self.PRIOR_NEXT = tuple(priors[0]), tuple(priors[1])
+        super().__init__(max_ngram, min_ngram, True, datastore=datastore)  # calls reset()
+        parts = [f"{label} ({len(vocab):,}-token vocabulary)"]
+        if lookup:
+            parts.append(self.name)
+        self.name = " + ".join(parts)
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        super().reset(prompt_ids)
+        self._kept = [[[0.0, 0.0] for _ in BANDS] for _ in range(2)]  # [first?][band]: kept, examined
+        self._bands: list[int] = []
+        self._rows: torch.Tensor | None = None  # hidden states of the latest verify pass
+        self._rows_ids: list[int] = []  # the sequence it scored (row j: position start + j)
+        self._start = 0
+        self._prompt: tuple[list[int], torch.Tensor] | None = None  # the prompt's, kept for rewinds
+        last = self.tap.last
+        if last is not None and len(prompt_ids) > 1 and last.shape[-2] == len(prompt_ids) - 1:
+            self._prompt = (list(prompt_ids), last[0, -1].clone())  # the prefill the engine just ran
+
+    def harvest(self, ids: list[int], logits: torch.Tensor) -> None:
+        last = self.tap.last
+        if last is not None and last.shape[-2] == logits.shape[0]:
+            self._rows, self._rows_ids, self._start = last[0], list(ids), len(ids) - logits.shape[0]
+        else:
+            self._rows = None
+
+    def state(self, ids: list[int]) -> torch.Tensor | None:
+        """The target's hidden state at the position before the last token of ``ids`` (the one
+        that predicted it), if the latest pass (or the prefill) computed it over the same prefix."""
+        pos = len(ids) - 2
+        if self._prompt is not None and ids == self._prompt[0]:
+            return self._prompt[1]
+        if self._rows is None or pos < self._start or pos >= self._start + self._rows.shape[0]:
+            return None
+        if self._rows_ids[: pos + 1] != ids[: pos + 1]:
+            return None
+        return self._rows[pos - self._start]
+
+    def cost(self, g: int) -> float:
+        costs = self.costs
+        return costs[g] if costs and g < len(costs) else (costs[-1] if costs else 1.0)
+
+    def keep_chance(self, b: int, first: bool = False) -> float:
+        kept, seen = self._kept[first][b]
+        prior = (self.PRIOR_FIRST if first else self.PRIOR_NEXT)[b]
+        return (kept + prior * self.PRIOR_WEIGHT) / (seen + self.PRIOR_WEIGHT)
+
+    def step(self, h: torch.Tensor, x: int, sampling):
+        """One head step from state ``h`` after token ``x``: (next state, the head's softmax over
+        its vocabulary, q over the target's vocabulary or None under greedy, q's top probability)."""
+        h = self.head.step(h, self.embed[x])
+        sub = (self.out_rows @ h.half()).float()
+        soft = torch.softmax(sub, -1)
+        if sampling.greedy:
+            return h, soft, None, float(soft.max())
+        full = torch.full((self.vocab_size,), float("-inf"))
+        full[self.vocab] = sub
+        q = logits_to_probs(full, sampling)
+        return h, soft, q, float(q.max())
+
+    @torch.inference_mode()
+    def propose(self, ids, max_tokens, sampling, generator) -> Proposal:
+        """Lookup's best match, or a head chain where that promises more tokens per unit of cost.
+
+        Every choice is made from what is known before the token it concerns is drawn: whether the
+        head drafts at all and whether a chain goes on to position j depend on q_j (its top
+        probability) and on earlier tokens, never on the token drawn at j. Choosing after seeing a
+        sampled token would skew the drafted tokens away from q and the output away from p."""
+        with Timer(torch.device("cpu")) as t:
+            best = None  # lookup's (value, g, tokens, key, reason, E)
+            if max_tokens > 0 and self.lookup:
+                for key, toks, what in self.candidates(ids, max_tokens):
+                    g, val, e, a1, ac = self.value(key, len(toks))
+                    if best is None or val > best[0]:
+                        best = (val, g, toks[:g], key, f"{what}, est. keep first {a1:.2f}, then {ac:.2f}", e)
+            h = self.state(ids) if max_tokens > 0 else None
+            head_val = 0.0
+            if h is not None:
+                h, soft, q, top = self.step(h, ids[-1], sampling)
+                a1, ac = self.keep_chance(band(top), True), self.keep_chance(band(top), False)
+                e = 1.0
+                for g in range(1, max_tokens + 1):  # the chain's worth as judged from its first q
+                    e += a1 * ac ** (g - 1)
+                    head_val = max(head_val, e / self.cost(g))
+            self._last, self._bands = None, []
+            out: list[int] = []
+            q_rows: list[torch.Tensor] = []
+            raw: list[float] = []
+            if max_tokens <= 0:
+                reason = "no room left"
+            elif h is not None and head_val > 1.0 and (best is None or best[1] == 0 or head_val > best[0]):
+                e, alive = 1.0, 1.0
+                for j in range(max_tokens):
+                    if j:
+                        h, soft, q, top = self.step(h, out[-1], sampling)
+                    b = band(top)
+                    k = alive * self.keep_chance(b, first=j == 0)
+                    if j and (k < FLOOR or (e + k) / self.cost(j + 1) <= e / self.cost(j)):
+                        break  # decided from q_j, before drawing from it
+                    i = int(soft.argmax()) if q is None else int(self.index[sample(q, generator)])
+                    out.append(int(self.vocab[i]))
+                    raw.append(float(soft[i]))
+                    if q is not None:
+                        q_rows.append(q)
+                    self._bands.append(b)
+                    alive, e = k, e + k
+                reason = (f"draft head (top p {raw[0]:.2f}): proposing {len(out)} "
+                          f"(expects {e:.2f} tokens for {self.cost(len(out)):.2f}x a step)")
+            elif best is None:
+                reason = "no head state or match: plain step"
+            elif best[1] == 0:
+                reason = best[4] + ": no length pays off, plain step"
+            else:
+                val, g, out, key, what, e = best
+                self._last = key
+                raw = [1.0] * g
+                reason = what + f": proposing {g} (expects {e:.2f} tokens for {e / val:.2f}x a step)"
+        return Proposal(out, torch.stack(q_rows) if q_rows else None, raw, reason, t.ms)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        if self._bands:
+            for j, b in enumerate(self._bands[:proposed]):
+                if j > accepted:
+                    break
+                self._kept[j == 0][b][1] += 1
+                self._kept[j == 0][b][0] += j < accepted
+            return
+        super().observe(proposed, accepted)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d.update(kind=self.kind, name=self.name, lookup=self.lookup, head_vocab=len(self.vocab))
+        return d
+
+
+class HeadKind(DrafterKind):
+    name = "head"
+    aliases = ("head", "draft-head", "eagle")
+    choices = ("head", "head:only")
+    source = "a draft head trained on the target's hidden states (+ the prompt, output and datastore)"
+
+    def parse(self, arg: str) -> dict:
+        if arg in ("", "lookup"):
+            return {"kind": self.name}
+        if arg == "only":
+            return {"kind": self.name, "lookup": False}
+        raise SpecvizError(f"drafter head takes 'only' or nothing, got {arg!r}")
+
+    def check(self, spec: dict, where: str, base: Path | None = None) -> dict:
+        if "lookup" in spec and not isinstance(spec["lookup"], bool):
+            raise SpecvizError(f"{where}: lookup must be true or false")
+        if "weights" in spec:
+            path = Path(os.path.expanduser(str(spec["weights"])))
+            spec["weights"] = str(path if path.is_absolute() or base is None else base / path)
+        return LookupKind().check(dict(spec), where, base)
+
+    def build(self, spec, target, draft) -> HeadDrafter:
+        weights = spec.get("weights") or str(ASSETS / f"draft-head-{target.name}.safetensors")
+        if not spec.get("weights") and not os.path.isfile(weights):
+            raise SpecvizError(f"no trained draft head for {target.name} (looked for {weights}); "
+                               "train one with scripts/train_draft_head.py or give `weights`")
+        model = target.model
+        hidden = int(getattr(getattr(model, "config", None), "hidden_size", 0) or 0)
+        head, vocab, meta = load_head(weights, hidden, len(target.tokenizer))
+        if meta.get("model") not in (None, target.name):
+            raise SpecvizError(f"draft head {weights} was trained for {meta.get('model')}, not {target.name}")
+        priors = None
+        if "priors" in meta:
+            try:
+                priors = json.loads(meta["priors"])
+                assert len(priors) == 2 and all(len(p) == len(BANDS) for p in priors)
+            except (ValueError, AssertionError, TypeError):
+                raise SpecvizError(f"draft head {weights}: unreadable priors") from None
+        store = None
+        lookup = bool(spec.get("lookup", True))
+        if spec.get("datastore") and lookup:
+            store = LookupKind().build({"datastore": spec["datastore"]}, target, None).datastore
+        return HeadDrafter(model, head, vocab, len(target.tokenizer), lookup, int(spec.get("max_ngram", 4)),
+                           int(spec.get("min_ngram", 1)), datastore=store, priors=priors)
+
+    def peer(self, drafter, gamma, draft):
+        return LookupKind().peer(drafter, gamma, draft)
