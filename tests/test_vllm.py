@@ -199,6 +199,23 @@ def test_pairs_vllm_cannot_run(tmp_path):
         plan_pair(None, method="eagle")
 
 
+def test_head_pair_is_served_by_its_lookup_half(tmp_path):
+    """vLLM has no hook for specviz's draft head: a head pair runs its lookup half there (the peer
+    the bench compares with), and a head-only pair says it cannot run."""
+    from specviz.backends.vllm import plan_pair
+    from specviz.registry import DEFAULT_REGISTRY
+
+    head, lookup = plan_pair("smollm2-135m-head"), plan_pair("smollm2-135m-lookup")
+    assert head.method == lookup.method == "lookup" and head.spec_config == lookup.spec_config
+    assert plan_pair("smollm2-135m-head", method="suffix").method == "suffix"
+    text = DEFAULT_REGISTRY.read_text().replace("drafter: {kind: head, weights:", "drafter: {kind: head, lookup: false, weights:")
+    models = tmp_path / "models.yaml"
+    models.write_text(text)
+    (tmp_path / "assets").symlink_to(DEFAULT_REGISTRY.parent / "assets")
+    with pytest.raises(SpecvizError, match="trained head alone"):
+        plan_pair("smollm2-135m-head", models=str(models))
+
+
 def test_suffix_plan_turns_the_answer_cache_off():
     """vLLM's suffix decoding for a lookup pair: capped at the pair's gamma, and without the global
     tree of past answers (a benchmark repeats prompts; a cache would replay the previous answer)."""

@@ -169,6 +169,10 @@ def plan_pair(pair: str | None = None, gamma: int | None = None, models: str | N
     if kind == "early_exit":
         raise SpecvizError(f"pair {name!r} drafts with the target's own first layers (early exit), "
                            "which vLLM cannot run; pick a lookup or draft-model pair")
+    if kind == "head":
+        if drafter.get("lookup") is False:
+            raise SpecvizError(f"pair {name!r} drafts with specviz's trained head alone, which vLLM cannot run")
+        kind = "prompt_lookup"  # vLLM serves the pair's lookup half: it has no hook for the head's hidden state
     model, offline = model_folder(p["target"], reg, base, progress)
     if kind == "prompt_lookup" and method == "suffix":  # it sizes each proposal itself; k is the cap
         return ServePlan(name, p["target"], model, offline, k, "suffix",
