@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - depends on the host
     def gpu(fn):
         return fn
 
+ZERO_GPU = bool(os.environ.get("SPACES_ZERO_GPU"))
 ASSETS = Path(__file__).resolve().parent / "assets"
 REGISTRY = load_registry()
 EXAMPLES = yaml.safe_load((ASSETS / "examples.yaml").read_text())
@@ -38,7 +39,7 @@ DEVICE, DTYPE = os.environ.get("SPECVIZ_DEVICE", "auto"), os.environ.get("SPECVI
 PAIR_CHOICE = "(the pair's)"
 RUNNER = MainThreadRunner()  # the one decode queue; runs on the main thread when app.py is the program
 EXPORTS = Exports()
-LIVE: dict[str, FrameMaker] = {}  # session -> the frames of its current run (for Stop)
+HALT: dict[tuple[str, str], threading.Event] = {}  # (session, "run" | "lab") -> set by Stop
 
 
 def pair_details(pair: str) -> tuple[str, int]:
@@ -76,6 +77,7 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                  seed, costs, with_vanilla, backend="specviz", vllm_url="", request: gr.Request = None):
     """Stream one run into the page; waits its turn in the decode queue it shares with the API."""
     session = _session(request)
+    halt = _halt_flag(session, "run")
     try:
         cfg = DecodeConfig.from_settings(gamma, temperature, top_k, top_p, max_new_tokens, seed,
                                          REFERENCE if costs == "reference" else None)
@@ -86,9 +88,15 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
             if not is_loaded(model, DEVICE, DTYPE):
                 where = "from the Hugging Face Hub" if model.offline_source() is None else "its weights"
                 yield {C["status"]: f"● loading {md(name)} ({md(where)}; ~20 s on a CPU the first time)…"}
+        if halt.is_set():
+            yield {C["status"]: STOPPED_EARLY}
+            return
         if backend and backend != "specviz":
             pipe = None
             for item in vllm_backend(pair, backend, vllm_url):
+                if halt.is_set():
+                    yield {C["status"]: STOPPED_EARLY}
+                    return
                 if isinstance(item, str):
                     yield {C["status"]: item}
                 else:
@@ -96,13 +104,14 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
         else:
             pipe = build_pipeline(REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
                                   device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
-        maker = LIVE[session] = FrameMaker(lambda s, v: EXPORTS.save(session, s, v))
+        maker = FrameMaker(lambda s, v: EXPORTS.save(session, s, v))
 
         yield {C["status"]: "● prefilling the prompt…", C["tokens"]: tokens.tokens_html([])}
         stream = RUNNER.turns(lambda: live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla)),
                               on_wait=lambda ahead, eta: {C["status"]: waiting_status(ahead, eta)})
         for item in stream:
-            if maker.halted:  # Stop: the stopped page is drawn; decode no further
+            if halt.is_set():  # Stop: draw what ran, decode no further (closing the stream ends it)
+                yield _updates(maker.stopped()) or {C["status"]: STOPPED_EARLY}
                 break
             update = item if isinstance(item, dict) else _updates(maker.add(item))
             if update:
@@ -116,6 +125,8 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
         oom = type(e).__name__ == "OutOfMemoryError"
         yield _error("the GPU ran out of memory: try a smaller pair or fewer new tokens" if oom
                      else f"unexpected error: {type(e).__name__}: {e}")
+    finally:
+        _drop_halt_flag(session, "run", halt)
 
 
 VLLM: dict[tuple, object] = {}  # (pair, url) -> a VLLMBackend, started once per process
@@ -131,11 +142,32 @@ def vllm_backend(pair, backend: str, url: str):
         yield f"● {md(item, 300)}" if isinstance(item, str) else item
 
 
-def stopped(request: gr.Request = None):
-    """After Stop: what ran, summarised, charted and exported."""
-    maker = LIVE.get(_session(request))
-    frame = maker.stopped() if maker else None
-    return _updates(frame) or {C["status"]: "■ stopped before anything ran"}
+STOPPED_EARLY = "■ stopped before anything ran"
+
+
+def _halt_flag(session: str, what: str) -> threading.Event:
+    halt = HALT[session, what] = threading.Event()
+    return halt
+
+
+def _drop_halt_flag(session: str, what: str, halt: threading.Event) -> None:
+    if HALT.get((session, what)) is halt:  # a newer run of the session keeps its own
+        del HALT[session, what]
+
+
+def stop(request: gr.Request = None, what: str = "run") -> None:
+    """Stop: the session's run sees it before its next step and draws the stopped page itself
+    (what ran, summarised, charted and exported). The run stays the only writer of its outputs, so
+    no frame of it can land after that page, and it ends as a normal event: gradio's ``cancels``
+    races the run's last update and can leave every output marked "Error"."""
+    halt = HALT.get((_session(request), what))
+    if halt is not None:
+        halt.set()
+
+
+def stop_lab(request: gr.Request = None) -> None:
+    """Stop for the Lab's experiment (see ``stop``)."""
+    stop(request, "lab")
 
 
 def replay(file, request: gr.Request = None):
@@ -264,7 +296,10 @@ def build_demo() -> gr.Blocks:
             runs.append(button.click(lambda v=values: v, None, [pair, prompt, temperature, gamma],
                                      api_visibility="private", js=SCROLL_TO_STATUS)
                         .then(run_decoding, inputs, outputs, api_visibility="private", **run_kw))
-        stop_btn.click(stopped, None, outputs, cancels=runs, api_visibility="private")
+        if ZERO_GPU:  # runs decode in forked GPU workers, which never see HALT: cancel them instead
+            stop_btn.click(lambda: "■ stopped", None, [C["status"]], cancels=runs, api_visibility="private")
+        else:
+            stop_btn.click(stop, None, None, api_visibility="private", show_progress="hidden", queue=False)
         upload.upload(replay, [upload], outputs, api_name="replay", concurrency_limit=4)
         C["iteration"].change(inspect, [C["runs"], C["iteration"]], [C["inspect_html"], C["inspect_fig"]],
                               api_visibility="private", show_progress="hidden")
@@ -286,6 +321,8 @@ def lab_tab(inputs: dict) -> None:
     from specviz.lab.common import Progress, Settings
 
     def run_lab(name, variant, pair, target, drafter, prompt, chat, temperature, seed, request: gr.Request = None):
+        session = _session(request)
+        halt = _halt_flag(session, "lab")
         try:
             mod = experiment(name)
             pair, custom_target, custom_drafter = _chosen(pair, target, drafter, prompt)
@@ -298,6 +335,10 @@ def lab_tab(inputs: dict) -> None:
             stream = RUNNER.turns(lambda: mod.run(pipe, s, load),
                                   on_wait=waiting_status)
             for item in stream:
+                if halt.is_set():  # Stop: the partial chart stays; compute no further
+                    yield f"■ stopped: **{md(EXPERIMENTS[name][1])}** (the chart shows what ran)", \
+                        gr.skip(), gr.skip(), gr.skip()
+                    break
                 if isinstance(item, str):
                     yield item, gr.skip(), gr.skip(), gr.skip()
                 elif isinstance(item, Progress):
@@ -311,6 +352,16 @@ def lab_tab(inputs: dict) -> None:
                            md(mod.takeaway(item), 4000), path)
         except SpecvizError as e:
             yield f"**Error:** {md(str(e), 400)}", gr.skip(), gr.skip(), gr.skip()
+        finally:
+            _drop_halt_flag(session, "lab", halt)
+
+    def lab_handler(name):
+        """run_lab for one experiment, with a signature gradio reads (a partial would not receive the
+        visitor's gr.Request: every lab run would share one session's exports and Stop flag)."""
+        def handler(variant, pair, target, drafter, prompt, chat, temperature, seed, request: gr.Request = None):
+            yield from run_lab(name, variant, pair, target, drafter, prompt, chat, temperature, seed, request)
+        handler.__name__ = f"run_lab_{name}"
+        return handler
 
     with gr.Tabs():
         with gr.Tab("Lab", elem_id="sv-lab"):
@@ -323,7 +374,7 @@ def lab_tab(inputs: dict) -> None:
             with gr.Row():
                 variant = gr.Dropdown([(v.replace("_", " "), v) for v in BROKEN], value="raw_q",
                                       label="Break it: the broken rule drawn in the chart (all are tested)")
-                stop = gr.Button("Stop", variant="stop", elem_id="sv-lab-stop", size="sm")
+                stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-lab-stop", size="sm")
             status = gr.Markdown("Pick an experiment.", elem_id="sv-lab-status")
             plot = gr.Plot(show_label=False, elem_id="sv-lab-plot")
             note = gr.Markdown("", elem_id="sv-lab-takeaway")
@@ -331,10 +382,13 @@ def lab_tab(inputs: dict) -> None:
             keys = ["pair", "target", "drafter", "prompt", "chat", "temperature", "seed"]
             events = []
             for name, btn in buttons.items():
-                events.append(btn.click(partial(run_lab, name), [variant] + [inputs[k] for k in keys],
+                events.append(btn.click(lab_handler(name), [variant] + [inputs[k] for k in keys],
                                         [status, plot, note, export], concurrency_id="decode",
                                         api_name=f"lab_{name}", show_progress="hidden"))
-            stop.click(lambda: "■ stopped", None, [status], cancels=events, api_visibility="private")
+            if ZERO_GPU:  # see the page's Stop
+                stop_btn.click(lambda: "■ stopped", None, [status], cancels=events, api_visibility="private")
+            else:
+                stop_btn.click(stop_lab, None, None, api_visibility="private", show_progress="hidden", queue=False)
 
 
 def device_label() -> str:
@@ -401,7 +455,7 @@ if __name__ == "__main__":
     if os.environ.get("SPECVIZ_PRELOAD", "1") == "1":
         threading.Thread(target=preload, daemon=True).start()
     server = os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0")
-    if os.environ.get("SPACES_ZERO_GPU"):  # ZeroGPU runs handlers in forked GPU workers: decode there
+    if ZERO_GPU:  # ZeroGPU runs handlers in forked GPU workers: decode there
         demo.launch(server_name=server, **launch_kwargs())
     else:
         demo.launch(server_name=server, prevent_thread_lock=True, **launch_kwargs())

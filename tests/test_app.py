@@ -68,7 +68,7 @@ def final_of(frames) -> dict:
 def test_demo_builds_without_launching():
     assert app_module.demo is not None
     names = {fn.name for fn in app_module.demo.fns.values()}
-    assert {"run_decoding", "replay", "stopped", "inspect"} <= names
+    assert {"run_decoding", "replay", "stop", "inspect"} <= names
 
 
 def test_handler_streams_and_summarises(tiny_app, every_state):
@@ -194,12 +194,26 @@ def test_stop_leaves_a_summary_of_what_ran(tiny_app):
     for update in gen:  # until the first iterations are on the page
         if "tokens" in named(update) and "sv-it" in named(update)["tokens"]:
             break
-    gen.close()  # what gradio does on Stop
-    final = named(tiny_app.stopped())
+    assert tiny_app.stop() is None  # Stop writes nothing itself: the run draws the stopped page
+    rest = list(gen)
+    assert len(rest) == 1, "the stopped page is the run's last update"
+    final = named(rest[0])
     assert final["status"].startswith("■ stopped after") and "token" in final["status"]
     assert "Stopped" in final["summary"] and final["export"] and final["result"]["stopped"] is True
     assert json.load(open(final["export"]))["speculative"][0]["event"] == "start"
     assert final["iteration"]["maximum"] >= 1
+    assert not tiny_app.HALT  # the run ended: nothing left to stop
+    tiny_app.stop()  # Stop with nothing running is harmless
+
+
+def test_stop_while_loading_runs_nothing(tiny_app):
+    gen = tiny_app.run_decoding(*args())
+    first = named(next(gen))
+    assert "loading" in first["status"] or "prefilling" in first["status"]
+    tiny_app.stop()
+    final = final_of(gen)
+    assert final["status"] == tiny_app.STOPPED_EARLY, final["status"]
+    assert "sv-it" not in final.get("tokens", "")  # no iteration was decoded
 
 
 def test_exports_stay_bounded(tiny_app):
@@ -333,7 +347,8 @@ def test_browser_run_output_hide_drafts_and_stop(real_pipeline_factory, tmp_path
             n1 = page.locator("#sv-tokens .sv-it").count()
             time.sleep(2.0)
             assert page.locator("#sv-tokens .sv-it").count() == n1 > 0  # nothing arrives after Stop
-            assert page.locator(".error, [data-testid='error']").count() == 0
+            errors = page.locator(".error, [data-testid='error']")
+            assert errors.count() == 0, errors.all_inner_texts()
             page.get_by_role("tab", name="Summary").click()
             assert "Stopped" in page.locator("#sv-summary").inner_text()
             page.screenshot(path=str(tmp_path / "stopped.png"))

@@ -3,6 +3,7 @@ false-alarm rate, the CLI, and the Lab tab in a browser."""
 
 import json
 import shutil
+import time
 
 import pytest
 import torch
@@ -179,6 +180,16 @@ def test_browser_lab_runs_an_experiment(tiny_registry, monkeypatch):
                                    timeout=90_000)
             assert "vllm serve" in page.locator("#sv-lab-takeaway").inner_text()
             assert page.locator("#sv-lab-plot .plot-container").count() >= 1
+            page.click("#sv-lab-gamma_sweep")  # a longer one, stopped half way
+            page.wait_for_function("document.querySelector('#sv-lab-status')?.innerText.includes('░')",
+                                   timeout=90_000)
+            page.click("#sv-lab-stop")
+            page.wait_for_function("document.querySelector('#sv-lab-status')?.innerText.includes('■ stopped')",
+                                   timeout=60_000)
+            time.sleep(1.5)
+            assert "■ stopped" in page.locator("#sv-lab-status").inner_text()  # nothing ran on after Stop
+            errors = page.locator(".error, [data-testid='error']")
+            assert errors.count() == 0, errors.all_inner_texts()
             browser.close()
     finally:
         demo.close()
