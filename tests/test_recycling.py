@@ -18,7 +18,7 @@ from tests.test_engine import PROMPTS
 class Eager(RecyclingDrafter):
     """Always believes its chain: every recycled successor is proposed (exercises verification)."""
 
-    PRIOR_FIRST = PRIOR_RECYCLE = (0.99,) * 5
+    PRIOR_FIRST = PRIOR_NEXT = (0.99,) * 5
 
 
 def test_harvest_maps_rows_to_the_tokens_they_follow():

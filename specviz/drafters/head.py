@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from ..backends.base import Timer
 from ..errors import SpecvizError
 from ..sampling import logits_to_probs, sample
-from .base import DrafterKind, Proposal
-from .lookup import LookupKind, PromptLookupDrafter
+from .base import Proposal
+from .lookup import BandedLookupDrafter, BesideLookupKind, band_of
 
 FORMAT = "specviz-draft-head-1"
 ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"  # where the shorthand `head` looks
@@ -44,11 +44,7 @@ FLOOR = 0.08  # stop drafting once the chance that every head token so far is ke
 
 
 def band(p: float) -> int:
-    b = 0
-    for i, lo in enumerate(BANDS):
-        if p >= lo:
-            b = i
-    return b
+    return band_of(p, BANDS)
 
 
 class DraftHead(torch.nn.Module):
@@ -226,7 +222,7 @@ class HiddenTap:
         return tap
 
 
-class HeadDrafter(PromptLookupDrafter):
+class HeadDrafter(BandedLookupDrafter):
     """A trained draft head chained on its own predictions, optionally with prompt lookup + datastore."""
 
     kind = "head"
@@ -234,6 +230,7 @@ class HeadDrafter(PromptLookupDrafter):
     # and a later one after a kept one (measured by scripts/train_draft_head.py on held-out answers)
     PRIOR_FIRST = (0.12, 0.3, 0.5, 0.7, 0.87, 0.97)
     PRIOR_NEXT = (0.12, 0.3, 0.5, 0.7, 0.87, 0.97)
+    BANDS = BANDS
 
     def __init__(self, target_model: torch.nn.Module, head: DraftHead, vocab: torch.Tensor, vocab_size: int,
                  lookup: bool = True, max_ngram: int = 4, min_ngram: int = 1, datastore=None,
@@ -258,8 +255,6 @@ class HeadDrafter(PromptLookupDrafter):
 
     def reset(self, prompt_ids: list[int]) -> None:
         super().reset(prompt_ids)
-        self._kept = [[[0.0, 0.0] for _ in BANDS] for _ in range(2)]  # [first?][band]: kept, examined
-        self._bands: list[int] = []
         self._rows: torch.Tensor | None = None  # hidden states of the latest verify pass
         self._rows_ids: list[int] = []  # the sequence it scored (row j: position start + j)
         self._start = 0
@@ -290,11 +285,6 @@ class HeadDrafter(PromptLookupDrafter):
     def cost(self, g: int) -> float:
         costs = self.costs
         return costs[g] if costs and g < len(costs) else (costs[-1] if costs else 1.0)
-
-    def keep_chance(self, b: int, first: bool = False) -> float:
-        kept, seen = self._kept[first][b]
-        prior = (self.PRIOR_FIRST if first else self.PRIOR_NEXT)[b]
-        return (kept + prior * self.PRIOR_WEIGHT) / (seen + self.PRIOR_WEIGHT)
 
     def step(self, h: torch.Tensor, x: int, sampling):
         """One head step from state ``h`` after token ``x``: (next state, the head's softmax over
@@ -368,42 +358,23 @@ class HeadDrafter(PromptLookupDrafter):
                 reason = what + f": proposing {g} (expects {e:.2f} tokens for {e / val:.2f}x a step)"
         return Proposal(out, torch.stack(q_rows) if q_rows else None, raw, reason, t.ms)
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        if self._bands:
-            for j, b in enumerate(self._bands[:proposed]):
-                if j > accepted:
-                    break
-                self._kept[j == 0][b][1] += 1
-                self._kept[j == 0][b][0] += j < accepted
-            return
-        super().observe(proposed, accepted)
-
     def describe(self) -> dict:
         d = super().describe()
         d.update(kind=self.kind, name=self.name, lookup=self.lookup, head_vocab=len(self.vocab))
         return d
 
 
-class HeadKind(DrafterKind):
+class HeadKind(BesideLookupKind):
     name = "head"
     aliases = ("head", "draft-head", "eagle")
     choices = ("head", "head:only")
     source = "a draft head trained on the target's hidden states (+ the prompt, output and datastore)"
 
-    def parse(self, arg: str) -> dict:
-        if arg in ("", "lookup"):
-            return {"kind": self.name}
-        if arg == "only":
-            return {"kind": self.name, "lookup": False}
-        raise SpecvizError(f"drafter head takes 'only' or nothing, got {arg!r}")
-
     def check(self, spec: dict, where: str, base: Path | None = None) -> dict:
-        if "lookup" in spec and not isinstance(spec["lookup"], bool):
-            raise SpecvizError(f"{where}: lookup must be true or false")
         if "weights" in spec:
             path = Path(os.path.expanduser(str(spec["weights"])))
             spec["weights"] = str(path if path.is_absolute() or base is None else base / path)
-        return LookupKind().check(dict(spec), where, base)
+        return super().check(spec, where, base)
 
     def build(self, spec, target, draft) -> HeadDrafter:
         weights = spec.get("weights") or str(ASSETS / f"draft-head-{target.name}.safetensors")
@@ -422,12 +393,5 @@ class HeadKind(DrafterKind):
                 assert len(priors) == 2 and all(len(p) == len(BANDS) for p in priors)
             except (ValueError, AssertionError, TypeError):
                 raise SpecvizError(f"draft head {weights}: unreadable priors") from None
-        store = None
-        lookup = bool(spec.get("lookup", True))
-        if spec.get("datastore") and lookup:
-            store = LookupKind().build({"datastore": spec["datastore"]}, target, None).datastore
-        return HeadDrafter(model, head, vocab, len(target.tokenizer), lookup, int(spec.get("max_ngram", 4)),
-                           int(spec.get("min_ngram", 1)), datastore=store, priors=priors)
-
-    def peer(self, drafter, gamma, draft):
-        return LookupKind().peer(drafter, gamma, draft)
+        return HeadDrafter(model, head, vocab, len(target.tokenizer), bool(spec.get("lookup", True)), int(spec.get("max_ngram", 4)),
+                           int(spec.get("min_ngram", 1)), datastore=self.datastore(spec, target), priors=priors)

@@ -219,3 +219,71 @@ class LookupKind(DrafterKind):
 
     def peer(self, drafter, gamma, draft):
         return {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 2}
+
+
+def band_of(p: float, edges: tuple[float, ...]) -> int:
+    """The band of ``p`` among ascending lower ``edges`` (the first edge is the floor)."""
+    b = 0
+    for i, lo in enumerate(edges):
+        if p >= lo:
+            b = i
+    return b
+
+
+class BandedLookupDrafter(PromptLookupDrafter):
+    """Lookup + datastore beside a drafter of its own (recycling, a draft head) whose tokens' keep
+    chances are learned per band of a confidence: the first token of a chain and a later one after
+    a kept one apart, each starting from a prior worth PRIOR_WEIGHT observations."""
+
+    BANDS: tuple[float, ...] = (0.0,)  # lower edges of the confidence bands
+    PRIOR_FIRST: tuple[float, ...] = (0.5,)
+    PRIOR_NEXT: tuple[float, ...] = (0.5,)
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        super().reset(prompt_ids)
+        self._kept = [[[0.0, 0.0] for _ in self.BANDS] for _ in range(2)]  # [first?][band]: kept, examined
+        self._bands: list[int] = []  # the bands of the last own chain (empty: lookup drafted)
+
+    def keep_chance(self, b: int, first: bool = False) -> float:
+        kept, seen = self._kept[first][b]
+        prior = (self.PRIOR_FIRST if first else self.PRIOR_NEXT)[b]
+        return (kept + prior * self.PRIOR_WEIGHT) / (seen + self.PRIOR_WEIGHT)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        if self._bands:
+            for j, b in enumerate(self._bands[:proposed]):
+                if j > accepted:
+                    break
+                self._kept[j == 0][b][1] += 1
+                self._kept[j == 0][b][0] += j < accepted
+            return
+        super().observe(proposed, accepted)
+
+
+class BesideLookupKind(DrafterKind):
+    """The kind of a BandedLookupDrafter: `name` drafts beside lookup, `name:only` alone."""
+
+    def parse(self, arg: str) -> dict:
+        if arg in ("", "lookup"):
+            return {"kind": self.name}
+        if arg == "only":
+            return {"kind": self.name, "lookup": False}
+        return self.parse_more(arg)
+
+    def parse_more(self, arg: str) -> dict:
+        raise SpecvizError(f"drafter {self.name} takes 'only' or nothing, got {arg!r}")
+
+    def check(self, spec: dict, where: str, base: Path | None = None, flags: tuple[str, ...] = ("lookup",)) -> dict:
+        for key in flags:
+            if key in spec and not isinstance(spec[key], bool):
+                raise SpecvizError(f"{where}: {key} must be true or false")
+        return LookupKind().check(dict(spec), where, base)
+
+    def datastore(self, spec: dict, target):
+        """The lookup half's datastore (None without one, or when lookup is off)."""
+        if spec.get("datastore") and spec.get("lookup", True):
+            return LookupKind().build({"datastore": spec["datastore"]}, target, None).datastore
+        return None
+
+    def peer(self, drafter, gamma, draft):
+        return LookupKind().peer(drafter, gamma, draft)

@@ -22,21 +22,17 @@ import torch
 
 from ..backends.base import Timer
 from ..errors import SpecvizError
-from .base import Drafter, DrafterKind, Proposal, whole
-from .lookup import LookupKind, PromptLookupDrafter
+from .base import Drafter, Proposal, whole
+from .lookup import BandedLookupDrafter, BesideLookupKind, band_of
 
 BANDS = (0.0, 0.3, 0.5, 0.7, 0.9)  # lower edges of the bands of the harvested top-1 probability
 
 
 def band(p: float) -> int:
-    b = 0
-    for i, lo in enumerate(BANDS):
-        if p >= lo:
-            b = i
-    return b
+    return band_of(p, BANDS)
 
 
-class RecyclingDrafter(PromptLookupDrafter):
+class RecyclingDrafter(BandedLookupDrafter):
     """Token Recycling's successor table, optionally with prompt lookup + datastore beside it."""
 
     kind = "recycling"
@@ -44,7 +40,8 @@ class RecyclingDrafter(PromptLookupDrafter):
     # and a later one after a kept one (measured with scripts/recycling_stats.py on greedy answers
     # to prompts the benchmark leaves out: --skip 3 --per-category 1, 1,200 positions)
     PRIOR_FIRST = (0.34, 0.38, 0.57, 0.62, 0.73)
-    PRIOR_RECYCLE = (0.68, 0.77, 0.77, 0.9, 0.9)
+    PRIOR_NEXT = (0.68, 0.77, 0.77, 0.9, 0.9)
+    BANDS = BANDS
 
     def __init__(self, vocab_size: int, top_k: int = 8, lookup: bool = True, pairs: bool = True,
                  max_ngram: int = 4, min_ngram: int = 1, datastore=None):
@@ -60,8 +57,6 @@ class RecyclingDrafter(PromptLookupDrafter):
         self.succ = np.full((self.vocab_size, self.top_k), -1, dtype=np.int64)  # token -> top-k successors
         self.prob = np.zeros((self.vocab_size, self.top_k), dtype=np.float32)  # and their probabilities
         self.pair_succ: dict[tuple[int, int], tuple[int, float]] = {}
-        self._kept = [[[0.0, 0.0] for _ in BANDS] for _ in range(2)]  # [first?][band]: kept, examined
-        self._bands: list[int] = []
 
     # -- the table -------------------------------------------------------------------------
     def harvest(self, ids: list[int], logits: torch.Tensor) -> None:
@@ -105,11 +100,6 @@ class RecyclingDrafter(PromptLookupDrafter):
         return tokens, ps
 
     # -- choosing ----------------------------------------------------------------------------
-    def keep_chance(self, b: int, first: bool = False) -> float:
-        kept, seen = self._kept[first][b]
-        prior = (self.PRIOR_FIRST if first else self.PRIOR_RECYCLE)[b]
-        return (kept + prior * self.PRIOR_WEIGHT) / (seen + self.PRIOR_WEIGHT)
-
     def chain_value(self, ps: list[float]) -> tuple[int, float, float]:
         """(g, E(g)/v(g), E(g)) for the best length of a recycled chain (g = 0: nothing pays)."""
         costs = self.costs
@@ -151,50 +141,28 @@ class RecyclingDrafter(PromptLookupDrafter):
                 reason = what + f": proposing {g} (expects {e:.2f} tokens for {e / val:.2f}x a step)"
         return Proposal(out, None, [1.0] * len(out), reason, t.ms)
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        if self._bands:
-            for j, b in enumerate(self._bands[:proposed]):
-                if j > accepted:
-                    break
-                self._kept[j == 0][b][1] += 1
-                self._kept[j == 0][b][0] += j < accepted
-            return
-        super().observe(proposed, accepted)
-
     def describe(self) -> dict:
         d = super().describe()
         d.update(kind=self.kind, name=self.name, top_k=self.top_k, lookup=self.lookup, pairs=self.pairs)
         return d
 
 
-class RecyclingKind(DrafterKind):
+class RecyclingKind(BesideLookupKind):
     name = "recycling"
     aliases = ("recycling", "token-recycling", "recycle")
     choices = ("recycling", "recycling:only")
     source = "the target's own top successors of each token (+ the prompt, output and datastore)"
 
-    def parse(self, arg: str) -> dict:
-        if arg in ("", "lookup"):
-            return {"kind": self.name}
-        if arg == "only":
-            return {"kind": self.name, "lookup": False}
+    def parse_more(self, arg: str) -> dict:
         return {"kind": self.name, "top_k": whole(arg, "recycling top-k")}
 
     def check(self, spec: dict, where: str, base=None) -> dict:
         if "top_k" in spec and not (isinstance(spec["top_k"], int) and spec["top_k"] >= 1):
             raise SpecvizError(f"{where}: top_k must be a whole number >= 1")
-        for key in ("lookup", "pairs"):
-            if key in spec and not isinstance(spec[key], bool):
-                raise SpecvizError(f"{where}: {key} must be true or false")
-        return LookupKind().check(dict(spec), where, base)
+        return super().check(spec, where, base, flags=("lookup", "pairs"))
 
     def build(self, spec, target, draft) -> Drafter:
-        store = None
-        if spec.get("datastore") and spec.get("lookup", True):
-            store = LookupKind().build({"datastore": spec["datastore"]}, target, None).datastore
+        store = self.datastore(spec, target)
         return RecyclingDrafter(len(target.tokenizer), int(spec.get("top_k", 8)), bool(spec.get("lookup", True)),
                                 bool(spec.get("pairs", True)), int(spec.get("max_ngram", 4)),
                                 int(spec.get("min_ngram", 1)), datastore=store)
-
-    def peer(self, drafter, gamma, draft):
-        return LookupKind().peer(drafter, gamma, draft)
