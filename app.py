@@ -16,7 +16,7 @@ from specviz.costs import REFERENCE
 from specviz.engine import DecodeConfig
 from specviz.errors import SpecvizError
 from specviz.exports import Exports
-from specviz.mainthread import MainThreadRunner
+from specviz.mainthread import MainThreadRunner, StopFlags
 from specviz.pipeline import build_pipeline, resolve_pair
 from specviz.registry import load_registry
 from specviz.view import tokens
@@ -39,7 +39,7 @@ DEVICE, DTYPE = os.environ.get("SPECVIZ_DEVICE", "auto"), os.environ.get("SPECVI
 PAIR_CHOICE = "(the pair's)"
 RUNNER = MainThreadRunner()  # the one decode queue; runs on the main thread when app.py is the program
 EXPORTS = Exports()
-HALT: dict[tuple[str, str], threading.Event] = {}  # (session, "run" | "lab") -> set by Stop
+STOPS = StopFlags()  # (session, "run" | "lab") -> the flag its Stop button sets
 
 
 def pair_details(pair: str) -> tuple[str, int]:
@@ -77,7 +77,7 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                  seed, costs, with_vanilla, backend="specviz", vllm_url="", request: gr.Request = None):
     """Stream one run into the page; waits its turn in the decode queue it shares with the API."""
     session = _session(request)
-    halt = _halt_flag(session, "run")
+    halt = STOPS.open(session, "run")
     try:
         cfg = DecodeConfig.from_settings(gamma, temperature, top_k, top_p, max_new_tokens, seed,
                                          REFERENCE if costs == "reference" else None)
@@ -126,7 +126,7 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
         yield _error("the GPU ran out of memory: try a smaller pair or fewer new tokens" if oom
                      else f"unexpected error: {type(e).__name__}: {e}")
     finally:
-        _drop_halt_flag(session, "run", halt)
+        halt.close()
 
 
 VLLM: dict[tuple, object] = {}  # (pair, url) -> a VLLMBackend, started once per process
@@ -145,29 +145,24 @@ def vllm_backend(pair, backend: str, url: str):
 STOPPED_EARLY = "■ stopped before anything ran"
 
 
-def _halt_flag(session: str, what: str) -> threading.Event:
-    halt = HALT[session, what] = threading.Event()
-    return halt
-
-
-def _drop_halt_flag(session: str, what: str, halt: threading.Event) -> None:
-    if HALT.get((session, what)) is halt:  # a newer run of the session keeps its own
-        del HALT[session, what]
-
-
-def stop(request: gr.Request = None, what: str = "run") -> None:
+def stop(request: gr.Request = None) -> None:
     """Stop: the session's run sees it before its next step and draws the stopped page itself
     (what ran, summarised, charted and exported). The run stays the only writer of its outputs, so
     no frame of it can land after that page, and it ends as a normal event: gradio's ``cancels``
     races the run's last update and can leave every output marked "Error"."""
-    halt = HALT.get((_session(request), what))
-    if halt is not None:
-        halt.set()
+    STOPS.stop(_session(request), "run")
 
 
 def stop_lab(request: gr.Request = None) -> None:
     """Stop for the Lab's experiment (see ``stop``)."""
-    stop(request, "lab")
+    STOPS.stop(_session(request), "lab")
+
+
+def wire_stop(button: gr.Button, handler, status, events: list) -> None:
+    if ZERO_GPU:  # handlers decode in forked GPU workers, which never see STOPS: cancel them instead
+        button.click(lambda: "■ stopped", None, [status], cancels=events, api_visibility="private")
+    else:
+        button.click(handler, None, None, api_visibility="private", show_progress="hidden", queue=False)
 
 
 def replay(file, request: gr.Request = None):
@@ -296,10 +291,7 @@ def build_demo() -> gr.Blocks:
             runs.append(button.click(lambda v=values: v, None, [pair, prompt, temperature, gamma],
                                      api_visibility="private", js=SCROLL_TO_STATUS)
                         .then(run_decoding, inputs, outputs, api_visibility="private", **run_kw))
-        if ZERO_GPU:  # runs decode in forked GPU workers, which never see HALT: cancel them instead
-            stop_btn.click(lambda: "■ stopped", None, [C["status"]], cancels=runs, api_visibility="private")
-        else:
-            stop_btn.click(stop, None, None, api_visibility="private", show_progress="hidden", queue=False)
+        wire_stop(stop_btn, stop, C["status"], runs)
         upload.upload(replay, [upload], outputs, api_name="replay", concurrency_limit=4)
         C["iteration"].change(inspect, [C["runs"], C["iteration"]], [C["inspect_html"], C["inspect_fig"]],
                               api_visibility="private", show_progress="hidden")
@@ -322,7 +314,7 @@ def lab_tab(inputs: dict) -> None:
 
     def run_lab(name, variant, pair, target, drafter, prompt, chat, temperature, seed, request: gr.Request = None):
         session = _session(request)
-        halt = _halt_flag(session, "lab")
+        halt = STOPS.open(session, "lab")
         try:
             mod = experiment(name)
             pair, custom_target, custom_drafter = _chosen(pair, target, drafter, prompt)
@@ -353,7 +345,7 @@ def lab_tab(inputs: dict) -> None:
         except SpecvizError as e:
             yield f"**Error:** {md(str(e), 400)}", gr.skip(), gr.skip(), gr.skip()
         finally:
-            _drop_halt_flag(session, "lab", halt)
+            halt.close()
 
     def lab_handler(name):
         """run_lab for one experiment, with a signature gradio reads (a partial would not receive the
@@ -385,10 +377,7 @@ def lab_tab(inputs: dict) -> None:
                 events.append(btn.click(lab_handler(name), [variant] + [inputs[k] for k in keys],
                                         [status, plot, note, export], concurrency_id="decode",
                                         api_name=f"lab_{name}", show_progress="hidden"))
-            if ZERO_GPU:  # see the page's Stop
-                stop_btn.click(lambda: "■ stopped", None, [status], cancels=events, api_visibility="private")
-            else:
-                stop_btn.click(stop_lab, None, None, api_visibility="private", show_progress="hidden", queue=False)
+            wire_stop(stop_btn, stop_lab, status, events)
 
 
 def device_label() -> str:

@@ -144,3 +144,40 @@ class MainThreadRunner:
                     return
         finally:
             stop.set()  # the consumer went away (Stop): the job ends at its next item
+
+
+class StopFlag(threading.Event):
+    """Set by a Stop button; the job that opened it checks it between steps and ends itself."""
+
+    def __init__(self, owner: "StopFlags", key: tuple) -> None:
+        super().__init__()
+        self.owner, self.key = owner, key
+
+    def close(self) -> None:
+        """The job is over: Stop no longer reaches it (a newer job under the same key keeps its own)."""
+        with self.owner.lock:
+            if self.owner.flags.get(self.key) is self:
+                del self.owner.flags[self.key]
+
+
+class StopFlags:
+    """One flag per running job, by key (e.g. session and which button). A job that stops itself
+    ends as a normal event: cancelling it from outside can race its last update."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.flags: dict[tuple, StopFlag] = {}
+
+    def open(self, *key) -> StopFlag:
+        flag = StopFlag(self, key)
+        with self.lock:
+            self.flags[key] = flag
+        return flag
+
+    def stop(self, *key) -> bool:
+        """Ask the job under ``key`` to stop; False when none is running."""
+        with self.lock:
+            flag = self.flags.get(key)
+        if flag is not None:
+            flag.set()
+        return flag is not None

@@ -202,7 +202,7 @@ def test_stop_leaves_a_summary_of_what_ran(tiny_app):
     assert "Stopped" in final["summary"] and final["export"] and final["result"]["stopped"] is True
     assert json.load(open(final["export"]))["speculative"][0]["event"] == "start"
     assert final["iteration"]["maximum"] >= 1
-    assert not tiny_app.HALT  # the run ended: nothing left to stop
+    assert not tiny_app.STOPS.flags  # the run ended: nothing left to stop
     tiny_app.stop()  # Stop with nothing running is harmless
 
 

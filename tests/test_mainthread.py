@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from specviz.mainthread import MainThreadRunner
+from specviz.mainthread import MainThreadRunner, StopFlags
 
 
 def counting(n, log=None, fail_at=None):
@@ -96,3 +96,18 @@ def test_turns_queue_first_come_first_served_with_positions():
     assert order == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
     assert waits and all(name == "b" and ahead == 1 for name, ahead in waits)
     assert runner.position(12345) == 0 and runner.recent_s  # a finished run's duration is remembered
+
+
+def test_stop_flags_reach_the_running_job_only():
+    stops = StopFlags()
+    assert stops.stop("s1", "run") is False  # nothing running: nothing to stop
+    old = stops.open("s1", "run")
+    new = stops.open("s1", "run")  # the same session runs again before the first ended
+    other = stops.open("s2", "run")
+    assert stops.stop("s1", "run") is True
+    assert new.is_set() and not old.is_set() and not other.is_set()
+    old.close()  # the older job ending does not unhook the newer one
+    assert stops.flags[("s1", "run")] is new
+    new.close()
+    other.close()
+    assert not stops.flags

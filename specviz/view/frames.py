@@ -131,12 +131,9 @@ class FrameMaker:
         self.rendered: list[str] = []  # each iteration's HTML, made once
         self.last_tokens = self.last_charts = -1e9
         self.latest: LiveState | None = None
-        self.halted = False  # Stop was pressed: the run's own frames end here
 
     def add(self, state: LiveState) -> Frame | None:
-        """The frame to show for this state, or None when it is too soon to redraw (or after Stop)."""
-        if self.halted:
-            return None
+        """The frame to show for this state, or None when it is too soon to redraw."""
         self.latest = state
         if state.last is not None:
             self.rendered.append(tokens.iteration_html(state.last))
@@ -177,9 +174,8 @@ class FrameMaker:
             runs={"spec": spec, "vanilla": vanilla})
 
     def stopped(self) -> Frame | None:
-        """The page after Stop: what ran, summarised (None when nothing ran yet). No frame of the
-        run follows it, even one the decoder was finishing when Stop came."""
-        self.halted = True
+        """The page after Stop: what ran, summarised (None when nothing ran yet); the run draws it
+        as its last frame."""
         if self.latest is None or self.latest.spec.start is None:
             return None
         return self.final(self.latest, stopped=True)
