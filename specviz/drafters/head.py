@@ -282,10 +282,6 @@ class HeadDrafter(BandedLookupDrafter):
             return None
         return self._rows[pos - self._start]
 
-    def cost(self, g: int) -> float:
-        costs = self.costs
-        return costs[g] if costs and g < len(costs) else (costs[-1] if costs else 1.0)
-
     def step(self, h: torch.Tensor, x: int, sampling):
         """One head step from state ``h`` after token ``x``: (next state, the head's softmax over
         its vocabulary, q over the target's vocabulary or None under greedy, q's top probability)."""

@@ -120,14 +120,18 @@ class PromptLookupDrafter(Drafter):
         ac = (ck + prior_cont * self.PRIOR_WEIGHT) / (cs + self.PRIOR_WEIGHT)
         return a1, ac
 
+    def cost(self, g: int) -> float:
+        """v(g): a verify pass over g proposals, in plain steps (1.0 until the engine measures it)."""
+        costs = self.costs
+        return costs[g] if costs and g < len(costs) else (costs[-1] if costs else 1.0)
+
     def value(self, key: tuple, available: int) -> tuple[int, float, float, float, float]:
         """(g, E(g)/v(g), E(g), a1, ac) for the best length g (g = 0: nothing pays)."""
         a1, ac = self.estimates(key)
-        costs = self.costs
         best_g, best_val, best_e = 0, 1.0, 1.0
         for g in range(1, available + 1):
             e = 1.0 + a1 * (g if ac >= 1 else (1 - ac ** g) / (1 - ac))
-            v = costs[g] if costs and g < len(costs) else (costs[-1] if costs else 1.0)
+            v = self.cost(g)
             if e / v > best_val:
                 best_g, best_val, best_e = g, e / v, e
         return best_g, best_val, best_e, a1, ac

@@ -102,13 +102,12 @@ class RecyclingDrafter(BandedLookupDrafter):
     # -- choosing ----------------------------------------------------------------------------
     def chain_value(self, ps: list[float]) -> tuple[int, float, float]:
         """(g, E(g)/v(g), E(g)) for the best length of a recycled chain (g = 0: nothing pays)."""
-        costs = self.costs
         best_g, best_val, best_e = 0, 1.0, 1.0
         e, alive = 1.0, 1.0
         for g, p in enumerate(ps, 1):
             alive *= self.keep_chance(band(p), first=g == 1)
             e += alive
-            v = costs[g] if costs and g < len(costs) else (costs[-1] if costs else 1.0)
+            v = self.cost(g)
             if e / v > best_val:
                 best_g, best_val, best_e = g, e / v, e
         return best_g, best_val, best_e
