@@ -57,12 +57,16 @@ def _error(message: str) -> dict:
     return {C["status"]: f"**Error:** {md(message, 400)}"}
 
 
+def _custom(choice: str | None) -> str | None:
+    """A target or drafter picked in the page, or None for the pair's own."""
+    return choice if choice and choice != PAIR_CHOICE else None
+
+
 def _chosen(pair, target, drafter, prompt) -> tuple[str | None, str | None, str | None]:
     """The page's choice as build_pipeline takes it: (pair, target, drafter); checks the prompt."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise SpecvizError("the prompt is empty: type one or pick an example")
-    custom_target = target if target and target != PAIR_CHOICE else None
-    custom_drafter = drafter if drafter and drafter != PAIR_CHOICE else None
+    custom_target, custom_drafter = _custom(target), _custom(drafter)
     return (None if custom_target else pair), custom_target, custom_drafter
 
 
@@ -412,8 +416,7 @@ def api_panel(demo, pair, target, drafter, prompt, chat, gamma, temperature, top
 
     def show(pair_, target_, drafter_, prompt_, chat_, gamma_, temperature_, top_p_, max_new_, seed_,
              request: gr.Request = None):
-        custom_target = target_ if target_ and target_ != PAIR_CHOICE else None
-        custom_drafter = drafter_ if drafter_ and drafter_ != PAIR_CHOICE else None
+        custom_target, custom_drafter = _custom(target_), _custom(drafter_)
         try:
             spec = REGISTRY.pair(pair_)
             model = custom_target or spec.target
