@@ -23,7 +23,6 @@ depends on the software's numerics only through the answers.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -39,6 +38,7 @@ os.environ.setdefault("SPECVIZ_EXACT", "0")
 from build_datastore import make_prompts  # noqa: E402
 
 from specviz.backends.transformers import load_model, model_eos_ids  # noqa: E402
+from specviz.bench import load_prompts  # noqa: E402
 from specviz.drafters.head import DraftHead, chains, fit, priors, save_head, unrolled  # noqa: E402
 from specviz.engine import encode_prompt  # noqa: E402
 from specviz.registry import load_registry  # noqa: E402
@@ -46,19 +46,6 @@ from specviz.registry import load_registry  # noqa: E402
 
 def log(*a) -> None:
     print(*a, file=sys.stderr, flush=True)
-
-
-def spare_prompts(path: str | None, skip: int) -> list[str]:
-    if not path:
-        return []
-    per, out = {}, []
-    for line in open(path, encoding="utf-8"):
-        if line.strip():
-            row = json.loads(line)
-            per[row["category"]] = per.get(row["category"], 0) + 1
-            if per[row["category"]] > skip:
-                out.append(row["turns"][0])
-    return out
 
 
 @torch.inference_mode()
@@ -136,7 +123,8 @@ def main() -> None:
     target = reg.pairs[args.pair].target
     lm = load_model(reg.model(target), device="cpu")
     model, tok = lm.model, lm.tokenizer
-    prompts = spare_prompts(args.prompts, args.skip) + make_prompts(500, 0) + make_prompts(args.templates, 1)
+    spare = [r["prompt"] for r in load_prompts(args.prompts, skip=args.skip)] if args.prompts else []
+    prompts = spare + make_prompts(500, 0) + make_prompts(args.templates, 1)
     pairs = answers(model, tok, list(dict.fromkeys(prompts)), args.max_new_tokens, args.batch, work / "answers.pt",
                     args.max_prompt_tokens)
     hs, xs = states(model, pairs, work / "states.pt")
