@@ -16,7 +16,7 @@ Three stages, each cached in --work so a rerun picks up where it stopped:
 
     python scripts/train_draft_head.py --prompts ../shared/prompts/specbench-dev.jsonl --skip 6
 
-About 40 minutes on a 2-core CPU (answers ~20, states ~8, training ~12). Seeded; the result
+About 55 minutes on a 2-core CPU (answers ~20, states ~8, training ~27). Seeded; the result
 depends on the software's numerics only through the answers.
 """
 
@@ -110,8 +110,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=48)
     ap.add_argument("--vocab", type=int, default=6144)
     ap.add_argument("--ff", type=int, default=1536)
-    ap.add_argument("--unroll", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--unroll", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--work", default="/tmp/specviz-head")
     ap.add_argument("--out", default="assets/draft-head-smollm2-135m.safetensors")
