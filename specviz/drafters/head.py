@@ -120,8 +120,11 @@ def unrolled(head: DraftHead, embed: torch.Tensor, out_rows: torch.Tensor, vocab
 
 
 def fit(head: DraftHead, embed: torch.Tensor, out_rows: torch.Tensor, vocab: torch.Tensor, data, epochs: int,
-        lr: float = 2e-3, batch: int = 256, generator: torch.Generator | None = None, each_epoch=None) -> None:
-    """Train ``head`` on ``data`` = chains(...) with AdamW and a one-cycle schedule."""
+        lr: float = 2e-3, batch: int = 256, generator: torch.Generator | None = None, each_epoch=None,
+        bf16: bool = False) -> None:
+    """Train ``head`` on ``data`` = chains(...) with AdamW and a one-cycle schedule. ``bf16``: the
+    products in bfloat16 (torch's CPU autocast; ~2x faster on CPUs with bf16 instructions), the
+    weights, norms and losses in float32."""
     h0, xx, ht = data
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.01)
     per_epoch = max(1, len(h0) // batch)
@@ -131,7 +134,8 @@ def fit(head: DraftHead, embed: torch.Tensor, out_rows: torch.Tensor, vocab: tor
         perm = torch.randperm(len(h0), generator=generator)
         for b in range(per_epoch):
             j = perm[b * batch:(b + 1) * batch]
-            loss, _ = unrolled(head, embed, out_rows, vocab, h0[j], xx[j], ht[j])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss, _ = unrolled(head, embed, out_rows, vocab, h0[j], xx[j], ht[j])
             opt.zero_grad()
             loss.backward()
             opt.step()
