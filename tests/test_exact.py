@@ -109,3 +109,28 @@ def test_a_divergence_on_exact_kernels_is_called_a_bug():
 
     assert "near tie" in Exactness(False, 3, 1, 2, 1e-6).describe()
     assert "BUG" in Exactness(False, 3, 1, 2, 1e-6, exact_kernels=True).describe()
+
+
+@pytest.mark.parametrize("heads,kv_heads,sliding", [(9, 3, None), (4, 2, None), (4, 4, None), (6, 2, 5)])
+def test_exact_attention_computes_what_torch_attention_computes(heads, kv_heads, sliding):
+    """Per row, with the query heads that share a KV head grouped into one call: the same result as
+    one masked attention call over every query (each query head reads its own KV head)."""
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(heads + kv_heads)
+    q_len, kv_len, d = 7, 19, 16
+    query = torch.randn(2, heads, q_len, d, generator=gen)
+    key, value = (torch.randn(2, kv_heads, kv_len, d, generator=gen) for _ in range(2))
+    module = type("Attn", (), {"sliding_window": sliding})()
+    got, _ = exact.exact_attention(module, query, key, value, None, scaling=0.3)
+    cols = torch.arange(kv_len)[None, :]
+    last = kv_len - q_len + torch.arange(q_len)[:, None]
+    allowed = (cols <= last) & ((cols > last - sliding) if sliding else True)
+    want = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=0.3,
+                                          enable_gqa=heads != kv_heads).transpose(1, 2)
+    assert got.shape == (2, q_len, heads, d)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # a wrong head-to-KV-head mapping would not be close: reading KV heads in another order differs
+    if kv_heads > 1:
+        swapped, _ = exact.exact_attention(module, query, key.flip(1), value.flip(1), None, scaling=0.3)
+        assert not torch.allclose(swapped, want, atol=1e-3)
