@@ -291,7 +291,9 @@ class HeadDrafter(BandedLookupDrafter):
         """One head step from state ``h`` after token ``x``: (next state, the head's softmax over
         its vocabulary, q over the target's vocabulary or None under greedy, q's top probability)."""
         h = self.head.step(h, self.embed[x])
-        sub = (self.out_rows @ h.half()).float()
+        # a (1, hidden) x (hidden, |vocab|) product, as the head's own layers: torch's float16
+        # matrix-vector kernel (``out_rows @ h``) took 2.3x as long on an Intel Xeon (1.4 vs 0.6 ms)
+        sub = F.linear(h.half()[None], self.out_rows)[0].float()
         soft = torch.softmax(sub, -1)
         if sampling.greedy:
             return h, soft, None, float(soft.max())
