@@ -13,8 +13,9 @@ removes the difference instead of tolerating it ("batch-invariant" kernels):
   takes the same kernel and a row's bits depend neither on how many rows share the pass nor on
   where it sits. This is checked on each layer shape at load, at the current thread count: where
   no padding gives it, the mode is not used (``SPECVIZ_EXACT=1`` then refuses to load);
-* attention is computed one query row at a time against the keys up to its own position: exactly
-  the call a plain step makes for that token;
+* attention is computed one query token at a time against the keys up to its own position: exactly
+  the call a plain step makes for that token (the query heads that share a KV head are that call's
+  rows, so K and V are never copied per head);
 * norms, activations and rotary embeddings already work row by row.
 
 It also makes verify passes cheaper: oneDNN's prepared GEMM takes 4 rows in about the time MKL
