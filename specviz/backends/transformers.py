@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from ..errors import SpecvizError
 from .base import Timer
 from . import exact
+from .kv import roomy
 from .cpu_kernels import enable_cpu_gqa, pack_linears
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,6 +84,7 @@ class CachedLM:
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.config)
         self.cache.activate_past_recording()  # sliding-window layers must stay croppable
+        roomy(self.cache)  # appends in place, no torch.cat copy of the whole cache per step
         self.cached = 0
 
     @torch.inference_mode()
@@ -203,7 +205,8 @@ class Loaded:
         n = sum(p.numel() for p in self.model.parameters())
         return {"name": self.name, "source": self.source, "device": str(self.device),
                 "dtype": str(self.dtype).replace("torch.", ""), "parameters": n,
-                "kernels": self.kernels}
+                "kernels": self.kernels,
+                **({"attention": self.model._svz_attention} if hasattr(self.model, "_svz_attention") else {})}
 
 
 _CACHE: dict[tuple, Loaded] = {}
