@@ -13,7 +13,7 @@ from specviz.drafters import PromptLookupDrafter
 from specviz.errors import SpecvizError
 from tests.fixtures.tiny import tiny_llama, tiny_tokenizer
 
-CONTEXTS = (5, 100, 400)
+CONTEXTS = (5, 56, 120, 400)  # 56 and 120: passes that cross a padded key block (exact.BLOCK = 64)
 
 
 def differing_rows(lm: CachedLM, seq: list[int], ctx: int, max_rows: int = 16) -> list[tuple[int, float]]:
@@ -51,6 +51,28 @@ def test_tiny_model_logits_are_bit_identical_for_every_pass_length():
     seq = [int(t) for t in torch.randint(3, model.config.vocab_size, (420,), generator=torch.Generator().manual_seed(0))]
     for ctx in CONTEXTS:
         assert differing_rows(lm, seq, ctx) == [], ctx
+
+
+def test_the_per_row_attention_is_bit_identical_too(monkeypatch):
+    """Where the batched form's load-time check fails, attention runs one call per token."""
+    model = tiny_llama(seed=4, layers=2, hidden=64)
+    exact.enable(model)
+    monkeypatch.setattr(exact, "batched_attention_holds", lambda *a, **k: False)
+    lm = CachedLM(model)
+    seq = [int(t) for t in torch.randint(3, model.config.vocab_size, (160,), generator=torch.Generator().manual_seed(2))]
+    for ctx in (5, 56, 120):
+        assert differing_rows(lm, seq, ctx) == [], ctx
+
+
+def test_the_batched_attention_check_can_fail(monkeypatch):
+    """The load-time check compares real bits: an attention whose rows depend on the pass fails it."""
+    real = exact._blocks
+    monkeypatch.setattr(exact, "_batched_ok", {})  # a fresh verdict, thrown away after the test
+
+    def noisy(query, *args):
+        return real(query, *args) + 1e-3 * query.shape[2]  # a row's value moves with the number of rows
+    monkeypatch.setattr(exact, "_blocks", noisy)
+    assert not exact.batched_attention_holds(9, 3, 64)
 
 
 def test_tiny_greedy_speculative_equals_vanilla_in_the_exact_mode():
@@ -111,18 +133,22 @@ def test_a_divergence_on_exact_kernels_is_called_a_bug():
     assert "BUG" in Exactness(False, 3, 1, 2, 1e-6, exact_kernels=True).describe()
 
 
-@pytest.mark.parametrize("heads,kv_heads,sliding", [(9, 3, None), (4, 2, None), (4, 4, None), (6, 2, 5)])
-def test_exact_attention_computes_what_torch_attention_computes(heads, kv_heads, sliding):
-    """Per row, with the query heads that share a KV head grouped into one call: the same result as
-    one masked attention call over every query (each query head reads its own KV head)."""
+@pytest.mark.parametrize("heads,kv_heads,sliding,kv_len", [(9, 3, None, 19), (4, 2, None, 19), (4, 4, None, 19),
+                                                           (6, 2, 5, 19), (9, 3, None, 70), (6, 2, 40, 133)])
+def test_exact_attention_computes_what_torch_attention_computes(heads, kv_heads, sliding, kv_len):
+    """With the query heads that share a KV head grouped, key spans padded to whole blocks and a pass
+    crossing a block boundary split (kv_len 70, 133): the same result as one masked attention call
+    over every query (each query head reads its own KV head)."""
     import torch.nn.functional as F
 
     gen = torch.Generator().manual_seed(heads + kv_heads)
-    q_len, kv_len, d = 7, 19, 16
+    q_len, d = 7 if kv_len < 100 else 12, 16
     query = torch.randn(2, heads, q_len, d, generator=gen)
     key, value = (torch.randn(2, kv_heads, kv_len, d, generator=gen) for _ in range(2))
     module = type("Attn", (), {"sliding_window": sliding})()
     got, _ = exact.exact_attention(module, query, key, value, None, scaling=0.3)
+    per_row = exact._per_row(query, key, value, 0.3, kv_len - q_len, sliding)
+    torch.testing.assert_close(got, per_row, rtol=1e-5, atol=1e-5)
     cols = torch.arange(kv_len)[None, :]
     last = kv_len - q_len + torch.arange(q_len)[:, None]
     allowed = (cols <= last) & ((cols > last - sliding) if sliding else True)

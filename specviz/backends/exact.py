@@ -13,9 +13,11 @@ removes the difference instead of tolerating it ("batch-invariant" kernels):
   takes the same kernel and a row's bits depend neither on how many rows share the pass nor on
   where it sits. This is checked on each layer shape at load, at the current thread count: where
   no padding gives it, the mode is not used (``SPECVIZ_EXACT=1`` then refuses to load);
-* attention is computed one query token at a time against the keys up to its own position: exactly
-  the call a plain step makes for that token (the query heads that share a KV head are that call's
-  rows, so K and V are never copied per head);
+* attention computes every token of a pass in one product per KV head, each token's key span
+  padded to a whole block of keys (masked): a row's bits then depend neither on the rows beside it
+  nor on how many keys follow its own, so a token's attention is the same in a verify pass as in a
+  plain step (checked per head layout at load; where the check fails, one call per token, the call
+  a plain step makes). The padding reads the KV cache buffer's spare room, no copy (``kv.py``);
 * norms, activations and rotary embeddings already work row by row.
 
 It also makes verify passes cheaper: oneDNN's prepared GEMM takes 4 rows in about the time MKL
@@ -34,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SpecvizError
+from .kv import room
 
 MAX_ROWS = 32  # passes up to this many rows (a verify pass of gamma <= 31) are row-invariant (checked)
 PACK_ROWS = 32  # the row count oneDNN's weight layout is prepared for
@@ -95,12 +98,10 @@ class ExactLinear(torch.nn.Linear):
 
 def exact_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                     **kwargs):
-    """transformers attention (causal, sequences of equal length: specviz never pads): each query row
-    attends to the keys up to its own position in its own one-query call, the call a plain step
-    makes for that token."""
+    """transformers attention (causal, sequences of equal length: specviz never pads), computed so
+    that a token's output has the same bits in a pass of any length (see below)."""
     if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
         raise SpecvizError("the exact mode supports causal attention without position bias or softcap")
-    gqa = key.shape[1] != query.shape[1]
     q_len, kv_len = query.shape[2], key.shape[2]
     past = kv_len - q_len
     sliding = getattr(module, "sliding_window", None)
@@ -110,15 +111,47 @@ def exact_attention(module, query, key, value, attention_mask, dropout=0.0, scal
         allowed = cols <= last
         if sliding:
             allowed &= cols > last - sliding
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
         return out.transpose(1, 2).contiguous(), None
-    # The query heads that share a KV head are one call's query rows (head h reads KV head
-    # h // n_rep; n_rep = 1 without grouped-query attention): the same keys for all of them, and
-    # no copy of K and V per query head, which enable_gqa makes on a CPU (per layer, 6 rows after
-    # 800 tokens of context: 0.57 vs 0.83 ms). A token's call is the same whether it is scored
-    # alone or inside a verify pass.
     b, heads, _, d = query.shape
     kv_heads = key.shape[1]
+    if batched_attention_holds(heads, kv_heads, d, query.dtype):
+        return _blocks(query, key, value, scaling, past, sliding), None
+    return _per_row(query, key, value, scaling, past, sliding), None
+
+
+def _blocks(query, key, value, scaling, past: int, sliding: int | None) -> torch.Tensor:
+    """Every token of the pass in one product. The query heads that share a KV head are rows of one
+    product with that KV head's keys (head h reads KV head h // rep): no copy of K and V per query
+    head. Each token attends to a key span padded to a whole number of BLOCK keys, the padding and
+    the keys after its own masked: a row's bits then depend neither on the rows beside it nor on how
+    many keys follow its own, so a verify pass computes each token as a plain step does. Tokens
+    whose spans round to different lengths (a pass crossing a BLOCK boundary) go in separate
+    products. (Without the padding the softmax's and the value product's sums change their order
+    with the key count; the score product is the same for any number of rows: checked at load.)"""
+    b, heads, q_len, d = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    rep = heads // kv_heads
+    outs = []
+    for a, z, span, masked in _plan(past, q_len, kv_len, sliding, rep):
+        q = query[:, :, a:z].reshape(b, kv_heads, rep * (z - a), d)
+        k, v = key[:, :, :span], value[:, :, :span]
+        if span > kv_len:  # keys past the cache, masked: the cache buffer's room (no copy), else zeros
+            k, v = room(key, span), room(value, span)
+            if k is None or v is None:
+                k, v = F.pad(key, (0, 0, 0, span - kv_len)), F.pad(value, (0, 0, 0, span - kv_len))
+        scores = torch.matmul(q * (scaling if scaling is not None else d ** -0.5), k.transpose(-1, -2))
+        p = scores.masked_fill_(masked, float("-inf")).softmax(-1)
+        outs.append(torch.matmul(p, v).reshape(b, heads, z - a, d))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, 2)
+    return out.transpose(1, 2).contiguous()
+
+
+def _per_row(query, key, value, scaling, past: int, sliding: int | None) -> torch.Tensor:
+    """One call per token against the keys up to its own position: the call a plain step makes for
+    that token (row-invariant by construction; where the batched form's check fails)."""
+    b, heads, q_len, d = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
     grouped = query.transpose(1, 2).reshape(b, q_len, kv_heads, heads // kv_heads, d)
     rows = []
     for j in range(q_len):
@@ -127,7 +160,68 @@ def exact_attention(module, query, key, value, attention_mask, dropout=0.0, scal
         k, v = (key, value) if start == 0 and end == kv_len else (key[:, :, start:end], value[:, :, start:end])
         rows.append(F.scaled_dot_product_attention(grouped[:, j], k, v, scale=scaling))
     out = torch.stack(rows, 1) if q_len > 1 else rows[0].unsqueeze(1)
-    return out.reshape(b, q_len, heads, d), None
+    return out.reshape(b, q_len, heads, d)
+
+
+_batched_ok: dict[tuple, bool] = {}
+
+
+@torch.inference_mode()
+def batched_attention_holds(heads: int, kv_heads: int, d: int, dtype=torch.float32) -> bool:
+    """Whether ``_blocks`` gives a token the same bits in passes of 1..12 tokens as alone, for this
+    head layout, dtype and thread count on this machine's kernels (checked once, on random data,
+    across block boundaries); where it does not, attention runs per row."""
+    key = (heads, kv_heads, d, dtype, torch.get_num_threads())
+    ok = _batched_ok.get(key)
+    if ok is None:
+        gen = torch.Generator().manual_seed(1)
+        ok = True
+        for past in (20, 60, 250):
+            rows = 12
+            q = torch.randn(1, heads, rows, d, generator=gen, dtype=dtype)
+            k, v = (torch.randn(1, kv_heads, past + rows, d, generator=gen, dtype=dtype) for _ in range(2))
+            alone = [_blocks(q[:, :, j:j + 1], k[:, :, :past + j + 1], v[:, :, :past + j + 1], None, past + j, None)
+                     for j in range(rows)]
+            for n in range(2, rows + 1):
+                full = _blocks(q[:, :, :n], k[:, :, :past + n], v[:, :, :past + n], None, past, None)
+                if not all(torch.equal(full[:, j], alone[j][:, 0]) for j in range(n)):
+                    ok = False
+                    break
+            if not ok:
+                break
+        _batched_ok[key] = ok
+    return ok
+
+
+BLOCK = 64  # the key spans attention is padded to (a multiple of the float32 vector width)
+_plans: dict = {}
+
+
+def _plan(past: int, q_len: int, kv_len: int, sliding: int | None, rep: int) -> list:
+    """The products of one pass (the same for every layer, kept for the next layers): for each run
+    of tokens whose key spans round to the same length, (first row, end row, padded span, mask of
+    the keys each of its rows must not see: rows in the products' order, query head-major)."""
+    key = (past, q_len, kv_len, sliding, rep)
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    spans = [-(-(past + j + 1) // BLOCK) * BLOCK for j in range(q_len)]
+    plan, a = [], 0
+    while a < q_len:
+        z = a
+        while z < q_len and spans[z] == spans[a]:
+            z += 1
+        cols = torch.arange(spans[a])[None, :]
+        end = past + torch.arange(a, z)[:, None] + 1  # the keys a row sees: [start, end)
+        masked = cols >= end
+        if sliding:
+            masked |= cols < end - sliding
+        plan.append((a, z, spans[a], masked.repeat(rep, 1)))
+        a = z
+    if len(_plans) > 64:
+        _plans.clear()
+    _plans[key] = plan
+    return plan
 
 
 def _register() -> None:
@@ -182,6 +276,12 @@ def enable(model: torch.nn.Module) -> int:
             raise SpecvizError(f"the exact mode cannot hold here: this machine's GEMM gives a {shape} layer's "
                                "rows other bits depending on the rows beside them")
         module._svz_policy = policy_of[shape]
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = int(getattr(text, "num_attention_heads", 0) or 0)
+    if heads:  # decide the attention form now, outside any run's clock
+        kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+        d = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+        model._svz_attention = "batched" if batched_attention_holds(heads, kv_heads, d, p.dtype) else "per row"
     _register()
     model._svz_attn_before = model.config._attn_implementation
     model.set_attn_implementation(ATTENTION)
@@ -195,6 +295,7 @@ def disable(model: torch.nn.Module) -> None:
             module.__class__ = torch.nn.Linear
             for attr in ("_svz_dnn", "_svz_policy"):
                 module.__dict__.pop(attr, None)
+    model.__dict__.pop("_svz_attention", None)
     if getattr(model, "_svz_exact", False):
         model.set_attn_implementation(getattr(model, "_svz_attn_before", None) or "sdpa")
         model._svz_exact = False
