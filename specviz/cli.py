@@ -40,7 +40,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text, no chat template")
     p.add_argument("--exact", action="store_true",
                    help="exact by construction: a token's logits have the same bits alone or in a verify pass "
-                        "(float32 on a CPU; slower; same as SPECVIZ_EXACT=1)")
+                        "(float32 on a CPU, where it is the default; same as SPECVIZ_EXACT=1: "
+                        "refuses to load where it cannot hold)")
     p.add_argument("--costs", help="pin the cost profile of a cost-aware drafter: 'reference' (built in), a JSON "
                                    "list of v[g], or a saved run to take it from (same seed + same profile = "
                                    "same output); default: measured on this machine")
