@@ -133,7 +133,7 @@ def _blocks(query, key, value, scaling, past: int, sliding: int | None) -> torch
     kv_heads, kv_len = key.shape[1], key.shape[2]
     rep = heads // kv_heads
     outs = []
-    for a, z, span, masked in _plan(past, q_len, kv_len, sliding, rep):
+    for a, z, span, masked in _plan(past, q_len, sliding, rep):
         q = query[:, :, a:z].reshape(b, kv_heads, rep * (z - a), d)
         k, v = key[:, :, :span], value[:, :, :span]
         if span > kv_len:  # keys past the cache, masked: the cache buffer's room (no copy), else zeros
@@ -172,36 +172,34 @@ def batched_attention_holds(heads: int, kv_heads: int, d: int, dtype=torch.float
     head layout, dtype and thread count on this machine's kernels (checked once, on random data,
     across block boundaries); where it does not, attention runs per row."""
     key = (heads, kv_heads, d, dtype, torch.get_num_threads())
-    ok = _batched_ok.get(key)
-    if ok is None:
+    if key not in _batched_ok:
         gen = torch.Generator().manual_seed(1)
-        ok = True
-        for past in (20, 60, 250):
-            rows = 12
-            q = torch.randn(1, heads, rows, d, generator=gen, dtype=dtype)
-            k, v = (torch.randn(1, kv_heads, past + rows, d, generator=gen, dtype=dtype) for _ in range(2))
-            alone = [_blocks(q[:, :, j:j + 1], k[:, :, :past + j + 1], v[:, :, :past + j + 1], None, past + j, None)
-                     for j in range(rows)]
-            for n in range(2, rows + 1):
-                full = _blocks(q[:, :, :n], k[:, :, :past + n], v[:, :, :past + n], None, past, None)
-                if not all(torch.equal(full[:, j], alone[j][:, 0]) for j in range(n)):
-                    ok = False
-                    break
-            if not ok:
-                break
-        _batched_ok[key] = ok
-    return ok
+        _batched_ok[key] = all(_same_bits_alone(heads, kv_heads, d, dtype, past, gen) for past in (20, 60, 250))
+    return _batched_ok[key]
+
+
+def _same_bits_alone(heads: int, kv_heads: int, d: int, dtype, past: int, gen, rows: int = 12) -> bool:
+    """Passes of 2..rows tokens after ``past`` give each token the bits it gets alone (random data)."""
+    q = torch.randn(1, heads, rows, d, generator=gen, dtype=dtype)
+    k, v = (torch.randn(1, kv_heads, past + rows, d, generator=gen, dtype=dtype) for _ in range(2))
+    alone = [_blocks(q[:, :, j:j + 1], k[:, :, :past + j + 1], v[:, :, :past + j + 1], None, past + j, None)[:, 0]
+             for j in range(rows)]
+    for n in range(2, rows + 1):
+        full = _blocks(q[:, :, :n], k[:, :, :past + n], v[:, :, :past + n], None, past, None)
+        if not all(torch.equal(full[:, j], alone[j]) for j in range(n)):
+            return False
+    return True
 
 
 BLOCK = 64  # the key spans attention is padded to (a multiple of the float32 vector width)
 _plans: dict = {}
 
 
-def _plan(past: int, q_len: int, kv_len: int, sliding: int | None, rep: int) -> list:
+def _plan(past: int, q_len: int, sliding: int | None, rep: int) -> list:
     """The products of one pass (the same for every layer, kept for the next layers): for each run
     of tokens whose key spans round to the same length, (first row, end row, padded span, mask of
     the keys each of its rows must not see: rows in the products' order, query head-major)."""
-    key = (past, q_len, kv_len, sliding, rep)
+    key = (past, q_len, sliding, rep)
     plan = _plans.get(key)
     if plan is not None:
         return plan

@@ -24,10 +24,8 @@ class RoomyLayer(DynamicLayer):
     _n = 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
+        if not self.is_initialized:  # fresh or reset: no buffers yet
             self.lazy_initialization(key_states, value_states)
-            self._kbuf = self._vbuf = None
-            self._n = 0
         n, add = self._n, key_states.shape[-2]
         if self._kbuf is None or n + add > self._kbuf.shape[-2]:
             room = -(-(n + add + CHUNK) // CHUNK) * CHUNK
