@@ -90,12 +90,18 @@ class TokenText:
         self.tok = tokenizer
 
     def piece(self, context: list[int], token: int) -> str:
+        return self.alternatives(context, [token])[0]
+
+    def alternatives(self, context: list[int], tokens: list[int]) -> list[str]:
+        """The pieces of several candidate tokens after the same context (its text decoded once)."""
         ctx = list(context[-3:])
         before = self.tok.decode(ctx, skip_special_tokens=False)
-        after = self.tok.decode(ctx + [token], skip_special_tokens=False)
-        if after.startswith(before):
-            return after[len(before):]
-        return self.tok.decode([token], skip_special_tokens=False)
+        out = []
+        for token in tokens:
+            after = self.tok.decode(ctx + [token], skip_special_tokens=False)
+            out.append(after[len(before):] if after.startswith(before)
+                       else self.tok.decode([token], skip_special_tokens=False))
+        return out
 
     def pieces(self, context: list[int], tokens: list[int]) -> list[str]:
         out, ctx = [], list(context[-3:])
@@ -123,9 +129,20 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
     return [int(i) for i in ids]
 
 
+def _tops(rows: torch.Tensor, texts: TokenText, contexts: list[list[int]], n: int = TOP_N) -> list[list[list]]:
+    """Each row's top ``n`` tokens [id, text after its context, probability] (zeros left out), from
+    one top-k over all the rows."""
+    vals, idx = torch.topk(rows.float(), min(n, rows.shape[-1]), dim=-1)
+    out = []
+    for vs, ids, context in zip(vals.tolist(), idx.tolist(), contexts):
+        kept = [(i, v) for i, v in zip(ids, vs) if v > 0]
+        pieces = texts.alternatives(context, [i for i, _ in kept])
+        out.append([[i, t, round(v, 6)] for (i, v), t in zip(kept, pieces)])
+    return out
+
+
 def _top(probs: torch.Tensor, texts: TokenText, context: list[int], n: int = TOP_N) -> list[list]:
-    vals, idx = torch.topk(probs.float(), min(n, probs.shape[-1]))
-    return [[int(i), texts.piece(context, int(i)), round(float(v), 6)] for v, i in zip(vals, idx) if v > 0]
+    return _tops(probs[None], texts, [context], n)[0]
 
 
 class Run:
@@ -292,18 +309,24 @@ def speculative_step(run: Run, gamma: int) -> IterationEvent:
     return IterationEvent(
         index=run.iterations - 1, drafter=drafter.name, gamma=g_max,
         reason=proposal.reason, proposed=tokens, proposed_text=proposed_text,
-        q=[float(q_rows[i, x]) if q_rows is not None else 1.0 for i, x in enumerate(tokens)],
-        p=[float(p_rows[i, x]) for i, x in enumerate(tokens)],
-        q_raw=list(proposal.q_raw[:g]), p_raw=[float(raw[i, x]) for i, x in enumerate(tokens)],
+        q=_at(q_rows, tokens) if q_rows is not None else [1.0] * g, p=_at(p_rows, tokens),
+        q_raw=list(proposal.q_raw[:g]), p_raw=_at(raw, tokens),
         accept_prob=verdict.accept_probs, draws=verdict.draws, accepted=k,
         correction=Correction(nxt, texts.piece(ctx_k, nxt), verdict.kind if g else "sample",
                               float(verdict.p_next[nxt]), _top(verdict.p_next, texts, ctx_k)),
         # only the positions the rule examined: the rest were conditioned on a refused token
-        target_top=[_top(raw[i], texts, context + tokens[:i]) for i in range(k + 1)],
+        target_top=_tops(raw[:k + 1], texts, [context[-3:] + tokens[:i] for i in range(k + 1)]),
         emitted=emitted, emitted_text=texts.pieces(context, emitted),
         draft_ms=proposal.draft_ms, verify_ms=tv.ms, tokens_total=run.generated,
         proposed_total=run.proposed, accepted_total=run.accepted,
         elapsed_ms=run.clock_ms())
+
+
+def _at(rows: torch.Tensor, tokens: list[int]) -> list[float]:
+    """rows[i, tokens[i]] for each i, as floats."""
+    if not tokens:
+        return []
+    return rows[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
 
 
 def vanilla_step(run: Run) -> IterationEvent:
