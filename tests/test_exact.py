@@ -87,6 +87,86 @@ def test_tiny_greedy_speculative_equals_vanilla_in_the_exact_mode():
     assert spec.proposed > 0 and spec.output_ids == plain.output_ids
 
 
+def tiny_qwen2(seed: int = 0, layers: int = 2, hidden: int = 64):
+    """A random Qwen2 model: the Llama form with biases on q, k and v."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=120, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # non-zero biases, so joining them is tested
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_()
+    return model
+
+
+@pytest.mark.parametrize("make", [lambda: tiny_llama(seed=5, layers=3, hidden=64), lambda: tiny_qwen2(seed=6)],
+                         ids=["llama", "qwen2"])
+def test_lean_layers_compute_what_the_stock_layers_compute(make, monkeypatch):
+    """The lean decoder layers (q|k|v and gate|up joined, one rotary for q and k, direct calls) are
+    installed on Llama-form layers, give the stock layers' logits, and keep every row's bits the
+    same in a pass of any length."""
+    model = make()
+    monkeypatch.setenv("SPECVIZ_LEAN", "0")
+    stock = twin_of(model, exact_mode=True)
+    monkeypatch.delenv("SPECVIZ_LEAN")
+    exact.enable(model)
+    layers = model.model.layers
+    assert model._svz_lean == len(layers) and getattr(stock, "_svz_lean", 0) == 0
+    assert all(type(layer).__name__.startswith("Lean") for layer in layers)
+    assert not any(type(layer).__name__.startswith("Lean") for layer in stock.model.layers)
+    ids = torch.randint(3, model.config.vocab_size, (1, 90), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, stock(ids).logits, rtol=1e-5, atol=1e-5)
+    seq = [int(t) for t in ids[0]]
+    for ctx in (5, 56):
+        assert differing_rows(CachedLM(model), seq, ctx, max_rows=12) == [], ctx
+    # the separate projections' weights are views of the joined ones: no second copy is kept
+    attn = layers[0].self_attn
+    assert attn.k_proj.weight.untyped_storage().data_ptr() == layers[0]._svz_qkv.weight.untyped_storage().data_ptr()
+
+
+def test_lean_layers_are_left_out_where_they_do_not_fit_or_fail_their_check(monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specviz.backends import lean
+
+    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, hidden_act="gelu")
+    gelu = LlamaForCausalLM(cfg).eval()
+    exact.enable(gelu)  # another activation than SiLU: the stock layers stay, the mode still holds
+    assert exact.is_exact(gelu) and gelu._svz_lean == 0
+    real_forward = lean._forward
+
+    def wrong(self, hidden_states, *args, **kwargs):
+        return real_forward(self, hidden_states, *args, **kwargs) + 1.0
+    monkeypatch.setattr(lean, "_forward", wrong)
+    monkeypatch.setattr(lean, "_LEAN_CLASSES", {})
+    model = tiny_llama(seed=7, layers=2)
+    exact.enable(model)  # the install check compares logits with the stock layers': this fails it
+    assert exact.is_exact(model) and model._svz_lean == 0
+    assert not any(type(layer).__name__.startswith("Lean") for layer in model.model.layers)
+
+
+def test_norms_are_fused_only_where_the_bits_stay_the_same():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    class OffsetRMSNorm(LlamaRMSNorm):  # the (1 + weight) form: torch's rms_norm does not compute it
+        def forward(self, x):
+            return super().forward(x) + x * 0.01
+
+    holder = torch.nn.ModuleDict({"plain": LlamaRMSNorm(48, 1e-5), "offset": OffsetRMSNorm(48, 1e-5)})
+    with torch.no_grad():
+        holder["plain"].weight.normal_()
+    x = torch.randn(3, 5, 48)
+    want = holder["plain"](x)
+    assert exact.fuse_norms(holder, torch.Generator().manual_seed(0)) == 1
+    assert type(holder["plain"]).__dict__.get("_svz_base") is LlamaRMSNorm and type(holder["offset"]) is OffsetRMSNorm
+    assert torch.equal(holder["plain"](x), want)
+
+
 def test_the_mode_refuses_what_it_cannot_hold():
     with pytest.raises(SpecvizError, match="float32"):
         exact.enable(tiny_llama(seed=0, layers=1, dtype=torch.bfloat16))
@@ -98,6 +178,7 @@ def test_disable_restores_the_plain_model():
     exact.disable(model)
     assert not exact.is_exact(model) and model.config._attn_implementation == "sdpa"
     assert not any(isinstance(m, exact.ExactLinear) for m in model.modules())
+    assert not any("_svz_base" in type(m).__dict__ for m in model.modules())  # stock layers and norms again
 
 
 def test_loading_in_the_exact_mode_says_so(tiny_registry, monkeypatch):

@@ -18,7 +18,8 @@ removes the difference instead of tolerating it ("batch-invariant" kernels):
   nor on how many keys follow its own, so a token's attention is the same in a verify pass as in a
   plain step (checked per head layout at load; where the check fails, one call per token, the call
   a plain step makes). The padding reads the KV cache buffer's spare room, no copy (``kv.py``);
-* norms, activations and rotary embeddings already work row by row.
+* norms, activations and rotary embeddings already work row by row (Llama-form RMSNorms run as
+  torch's one ``rms_norm`` call where that gives the module's own bits: checked at load).
 
 It also makes verify passes cheaper: oneDNN's prepared GEMM takes 4 rows in about the time MKL
 takes one (measured on this project's AMD EPYC: a 4-token pass of SmolLM2-135M 54 ms against a
@@ -80,20 +81,21 @@ class ExactLinear(torch.nn.Linear):
     _svz_policy: str
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1]
+        width = x.shape[-1]
+        x2 = x.reshape(-1, width)
+        rows = x2.shape[0]
         want = padded_rows(rows, self._svz_policy)
-        x2 = x.reshape(rows, x.shape[-1])
         if want != rows:
-            padded = x2.new_zeros(want, x2.shape[-1])
-            padded[:rows] = x2
-            x2 = padded
+            x2 = F.pad(x2, (0, 0, 0, want - rows))  # zero rows
         elif not x2.is_contiguous():
             x2 = x2.contiguous()
         if self._svz_dnn is not None:
             y = torch.ops.mkldnn._linear_pointwise(x2, self._svz_dnn, self.bias, "none", [], "")
         else:
             y = F.linear(x2, self.weight, self.bias)
-        return y[:rows].reshape(*x.shape[:-1], y.shape[-1])
+        if want != rows:
+            y = y[:rows]
+        return y.view(*x.shape[:-1], y.shape[-1])
 
 
 def exact_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
@@ -132,17 +134,20 @@ def _blocks(query, key, value, scaling, past: int, sliding: int | None) -> torch
     b, heads, q_len, d = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     rep = heads // kv_heads
+    scale = scaling if scaling is not None else d ** -0.5
     outs = []
-    for a, z, span, masked in _plan(past, q_len, sliding, rep):
-        q = query[:, :, a:z].reshape(b, kv_heads, rep * (z - a), d)
+    for a, z, span, bias in _plan(past, q_len, sliding, rep):
+        q = query[:, :, a:z].reshape(b * kv_heads, rep * (z - a), d)
         k, v = key[:, :, :span], value[:, :, :span]
         if span > kv_len:  # keys past the cache, masked: the cache buffer's room (no copy), else zeros
             k, v = room(key, span), room(value, span)
             if k is None or v is None:
                 k, v = F.pad(key, (0, 0, 0, span - kv_len)), F.pad(value, (0, 0, 0, span - kv_len))
-        scores = torch.matmul(q * (scaling if scaling is not None else d ** -0.5), k.transpose(-1, -2))
-        p = scores.masked_fill_(masked, float("-inf")).softmax(-1)
-        outs.append(torch.matmul(p, v).reshape(b, heads, z - a, d))
+        # scores scaled and masked in the product's epilogue (the mask adds 0 or -inf: the room's
+        # contents are finite, zeros or old keys), then one value product
+        bias = bias if bias.dtype == q.dtype else bias.to(q.dtype)
+        p = torch.baddbmm(bias, q, k.reshape(b * kv_heads, span, d).transpose(-1, -2), alpha=scale).softmax(-1)
+        outs.append(torch.bmm(p, v.reshape(b * kv_heads, span, d)).reshape(b, heads, z - a, d))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, 2)
     return out.transpose(1, 2).contiguous()
 
@@ -197,8 +202,9 @@ _plans: dict = {}
 
 def _plan(past: int, q_len: int, sliding: int | None, rep: int) -> list:
     """The products of one pass (the same for every layer, kept for the next layers): for each run
-    of tokens whose key spans round to the same length, (first row, end row, padded span, mask of
-    the keys each of its rows must not see: rows in the products' order, query head-major)."""
+    of tokens whose key spans round to the same length, (first row, end row, padded span, the mask
+    added to its scores: -inf on the keys a row must not see, 0 elsewhere; rows in the products'
+    order, query head-major)."""
     key = (past, q_len, sliding, rep)
     plan = _plans.get(key)
     if plan is not None:
@@ -214,7 +220,8 @@ def _plan(past: int, q_len: int, sliding: int | None, rep: int) -> list:
         masked = cols >= end
         if sliding:
             masked |= cols < end - sliding
-        plan.append((a, z, spans[a], masked.repeat(rep, 1)))
+        bias = torch.zeros(masked.shape).masked_fill_(masked, float("-inf"))
+        plan.append((a, z, spans[a], bias.repeat(rep, 1)))
         a = z
     if len(_plans) > 64:
         _plans.clear()
@@ -242,6 +249,86 @@ def _row_invariant(layer: ExactLinear, gen: torch.Generator) -> bool:
     return True
 
 
+_FUSED_NORMS: dict[type, type] = {}
+
+
+def _fused_rms_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    return torch.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)
+
+
+@torch.inference_mode()
+def fuse_norms(model: torch.nn.Module, gen: torch.Generator) -> int:
+    """RMSNorms of the Llama form (``weight * x * rsqrt(mean(x^2) + eps)``) as torch's one
+    ``rms_norm`` call instead of six tensor operations from Python (61 norms a pass on SmolLM2):
+    only where that gives the same bits as the module's own forward on random rows, so the model's
+    numbers do not change (Gemma's ``1 + weight`` form fails the check and is left as it is)."""
+    fused = 0
+    for module in model.modules():
+        cls = type(module)
+        if not cls.__name__.endswith("RMSNorm") or "_svz_base" in cls.__dict__:
+            continue
+        w, eps = getattr(module, "weight", None), getattr(module, "variance_epsilon", None)
+        if not isinstance(w, torch.Tensor) or w.dim() != 1 or not isinstance(eps, float):
+            continue
+        x = torch.randn(2, 7, w.shape[0], generator=gen, dtype=w.dtype)
+        want = cls.forward(module, x)  # the class's own forward, without the module's hooks
+        if not torch.equal(_fused_rms_forward(module, x), want):
+            continue
+        if cls not in _FUSED_NORMS:
+            _FUSED_NORMS[cls] = type(cls.__name__, (cls,), {"forward": _fused_rms_forward, "_svz_base": cls})
+        module.__class__ = _FUSED_NORMS[cls]
+        fused += 1
+    return fused
+
+
+def _prepare(module: torch.nn.Linear, dnn: bool, gen: torch.Generator, policy_of: dict) -> bool:
+    """Make ``module`` an ``ExactLinear``: its weight prepared for oneDNN, the first padding policy
+    under which its rows are row-invariant (one check per weight shape). False where none is."""
+    module.__class__ = ExactLinear
+    w = module.weight.detach()
+    module._svz_dnn = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) if dnn else None
+    shape = tuple(w.shape)
+    if shape not in policy_of:
+        policy_of[shape] = None
+        for policy in POLICIES:
+            module._svz_policy = policy
+            if _row_invariant(module, gen):
+                policy_of[shape] = policy
+                break
+    if policy_of[shape] is None:
+        return False
+    module._svz_policy = policy_of[shape]
+    return True
+
+
+def _lean_layers(model: torch.nn.Module, dnn: bool, gen: torch.Generator, policy_of: dict) -> int:
+    """The lean decoder layers (``lean.py``) where they fit and pass their check; the joined
+    products replace the separate ones, whose weights become views of the joined weights (no copy
+    kept) and which are no longer called."""
+    from . import lean
+
+    if os.environ.get("SPECVIZ_LEAN", "1").strip().lower() in ("0", "false", "no", "off"):
+        return 0
+    plan = [(layer, qkv, gu) for layer, qkv, gu in lean.candidates(model)
+            if _prepare(qkv, dnn, gen, policy_of) and _prepare(gu, dnn, gen, policy_of)]
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    done = lean.install(model, plan, int(getattr(text, "vocab_size", 0) or 0))
+    if done:
+        for layer, qkv, gu in plan:
+            for joined, parts in ((qkv, ("q_proj", "k_proj", "v_proj")), (gu, ("gate_proj", "up_proj"))):
+                owner = layer.self_attn if parts[0] == "q_proj" else layer.mlp
+                row = 0
+                for name in parts:
+                    part = getattr(owner, name)
+                    rows = part.weight.shape[0]
+                    part.weight = torch.nn.Parameter(joined.weight[row:row + rows], requires_grad=False)
+                    if part.bias is not None:
+                        part.bias = torch.nn.Parameter(joined.bias[row:row + rows], requires_grad=False)
+                    part._svz_dnn = None  # the joined product runs instead
+                    row += rows
+    return done
+
+
 def enable(model: torch.nn.Module) -> int:
     """Switch a float32 CPU model to the exact mode in place; returns how many linears it covers.
 
@@ -258,32 +345,22 @@ def enable(model: torch.nn.Module) -> int:
     policy_of: dict[tuple, str | None] = {}
     layers = [m for m in model.modules() if type(m) is torch.nn.Linear or isinstance(m, ExactLinear)]
     for module in layers:
-        module.__class__ = ExactLinear
-        w = module.weight.detach()
-        module._svz_dnn = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) if dnn else None
-        shape = tuple(w.shape)
-        if shape not in policy_of:
-            policy_of[shape] = None
-            for policy in POLICIES:
-                module._svz_policy = policy
-                if _row_invariant(module, gen):
-                    policy_of[shape] = policy
-                    break
-        if policy_of[shape] is None:
+        if not _prepare(module, dnn, gen, policy_of):
             disable(model)
-            raise SpecvizError(f"the exact mode cannot hold here: this machine's GEMM gives a {shape} layer's "
-                               "rows other bits depending on the rows beside them")
-        module._svz_policy = policy_of[shape]
+            raise SpecvizError(f"the exact mode cannot hold here: this machine's GEMM gives a {tuple(module.weight.shape)} "
+                               "layer's rows other bits depending on the rows beside them")
     text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     heads = int(getattr(text, "num_attention_heads", 0) or 0)
     if heads:  # decide the attention form now, outside any run's clock
         kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
         d = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
         model._svz_attention = "batched" if batched_attention_holds(heads, kv_heads, d, p.dtype) else "per row"
+    model._svz_norms = fuse_norms(model, gen)
     _register()
     model._svz_attn_before = model.config._attn_implementation
     model.set_attn_implementation(ATTENTION)
     model._svz_exact = True
+    model._svz_lean = _lean_layers(model, dnn, gen, policy_of)
     return len(layers)
 
 
@@ -293,7 +370,16 @@ def disable(model: torch.nn.Module) -> None:
             module.__class__ = torch.nn.Linear
             for attr in ("_svz_dnn", "_svz_policy"):
                 module.__dict__.pop(attr, None)
+    from . import lean
+
+    lean.uninstall(model)
+    for module in model.modules():
+        base = type(module).__dict__.get("_svz_base")
+        if base is not None:
+            module.__class__ = base
     model.__dict__.pop("_svz_attention", None)
+    model.__dict__.pop("_svz_norms", None)
+    model.__dict__.pop("_svz_lean", None)
     if getattr(model, "_svz_exact", False):
         model.set_attn_implementation(getattr(model, "_svz_attn_before", None) or "sdpa")
         model._svz_exact = False

@@ -206,7 +206,8 @@ class Loaded:
         return {"name": self.name, "source": self.source, "device": str(self.device),
                 "dtype": str(self.dtype).replace("torch.", ""), "parameters": n,
                 "kernels": self.kernels,
-                **({"attention": self.model._svz_attention} if hasattr(self.model, "_svz_attention") else {})}
+                **({"attention": self.model._svz_attention} if hasattr(self.model, "_svz_attention") else {}),
+                **({"lean_layers": self.model._svz_lean} if getattr(self.model, "_svz_lean", 0) else {})}
 
 
 _CACHE: dict[tuple, Loaded] = {}
