@@ -6,7 +6,7 @@ better; the tokens are the target's greedy answer either way, so they match betw
 
 Used to compare draft heads and drafting rules before a timed bench: a change of 1-2% in tokens per
 iteration is below the timed bench's run-to-run noise but shows here. The drafters' choices read the
-cost profile measured at start-up, so counts can move by a few iterations between runs; the ms
+cost profile measured at start-up, so counts move by 1-3% between runs unless `--costs` pins it; the ms
 columns are one run's and only say where the time went."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specviz.bench import load_prompts  # noqa: E402
+from specviz.costs import load_costs  # noqa: E402
 from specviz.engine import DecodeConfig  # noqa: E402
 from specviz.events import IterationEvent  # noqa: E402
 from specviz.pipeline import build_pipeline  # noqa: E402
@@ -32,12 +33,14 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N of each category")
     ap.add_argument("--gamma", type=int, default=None, help="default: the pair's")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--costs", default=None, help="pin the cost profile ('reference', a JSON list, a saved run): "
+                    "the same drafting choices from run to run, so counts compare drafters alone")
     args = ap.parse_args()
     reg = load_registry()
     pipe = build_pipeline(reg, pair=args.pair)
     pipe.warm_up()
     gamma = args.gamma or pipe.gamma
-    cfg = DecodeConfig.from_settings(gamma, 0.0, 0, 1.0, args.max_new_tokens, 0)
+    cfg = DecodeConfig.from_settings(gamma, 0.0, 0, 1.0, args.max_new_tokens, 0, load_costs(args.costs))
     rows = load_prompts(args.prompts, limit=args.limit, skip=args.skip)
     its = toks = 0
     draft_ms = verify_ms = 0.0

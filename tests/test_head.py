@@ -10,8 +10,8 @@ import torch
 from specviz.backends.transformers import CachedLM
 from specviz.check import chi_square
 from specviz.drafters import HeadDrafter, parse_drafter
-from specviz.drafters.head import (FORMAT, DraftHead, HeadKind, HiddenTap, band, chains, fit, load_head, priors,
-                                   save_head, unrolled)
+from specviz.drafters.head import (FORMAT, DraftHead, HeadKind, HiddenTap, RowProduct, band, chains, fit, load_head,
+                                   priors, save_head, unrolled)
 from specviz.engine import DecodeConfig, encode_prompt, speculative_decode, vanilla_decode
 from specviz.errors import SpecvizError
 from specviz.sampling import SamplingConfig
@@ -119,6 +119,39 @@ def test_file_round_trip_and_checks(tmp_path, target_model, tok):
               metadata={"format": FORMAT, "hidden": "64", "ff": "128"})
     with pytest.raises(SpecvizError, match="do not match"):
         load_head(wrong, 64, len(tok))
+
+
+def test_row_products_store_compact_weights_and_compute_the_product(monkeypatch):
+    from specviz.drafters import head as hm
+
+    g = torch.Generator().manual_seed(3)
+    w, x = torch.randn(300, 96, generator=g) * 0.05, torch.randn(96, generator=g)
+    want = w @ x
+    half = RowProduct(w, int8=False)
+    assert half.w.dtype == torch.float16 and not half.int8
+    assert torch.allclose(half(x), want, rtol=1e-2, atol=1e-3)
+    if not hasattr(torch, "_weight_int8pack_mm"):
+        pytest.skip("this torch has no weight-only int8 kernel")
+    q = RowProduct(w, int8=True)
+    assert q.w.dtype == torch.int8 and q.s.shape == (300,) and q.shape == (300, 96)
+    err = (q(x) - want).norm() / want.norm()
+    assert err < 0.02, err  # int8 weights with bfloat16 activations: ~1% error, not another product
+    assert torch.equal(q(x), q(x))  # deterministic: the same state drafts the same q every time
+    monkeypatch.setattr(hm, "_INT8_OK", None)
+    monkeypatch.setenv("SPECVIZ_HEAD_INT8", "0")
+    assert not RowProduct(w).int8  # the switch keeps the float16 products
+    monkeypatch.setattr(hm, "_INT8_OK", None)
+    monkeypatch.delenv("SPECVIZ_HEAD_INT8")
+    assert RowProduct(w).int8 == hm._int8_kernel_works()
+
+
+def test_head_step_follows_its_float32_forward():
+    torch.manual_seed(0)
+    head = DraftHead(64, 128).eval().requires_grad_(False)
+    for _ in range(5):
+        h, e = torch.randn(64), torch.randn(64)
+        got, want = head.step(h, e), head(h, e)
+        assert torch.nn.functional.cosine_similarity(got, want, 0) > 0.999
 
 
 def test_tap_keeps_the_final_norm_output(target_model, tok):

@@ -145,8 +145,7 @@ def _blocks(query, key, value, scaling, past: int, sliding: int | None) -> torch
                 k, v = F.pad(key, (0, 0, 0, span - kv_len)), F.pad(value, (0, 0, 0, span - kv_len))
         # scores scaled and masked in the product's epilogue (the mask adds 0 or -inf: the room's
         # contents are finite, zeros or old keys), then one value product
-        bias = bias if bias.dtype == q.dtype else bias.to(q.dtype)
-        p = torch.baddbmm(bias, q, k.reshape(b * kv_heads, span, d).transpose(-1, -2), alpha=scale).softmax(-1)
+        p = torch.baddbmm(bias.to(q.dtype), q, k.reshape(b * kv_heads, span, d).transpose(-1, -2), alpha=scale).softmax(-1)
         outs.append(torch.bmm(p, v.reshape(b * kv_heads, span, d)).reshape(b, heads, z - a, d))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, 2)
     return out.transpose(1, 2).contiguous()
@@ -301,6 +300,11 @@ def _prepare(module: torch.nn.Linear, dnn: bool, gen: torch.Generator, policy_of
     return True
 
 
+def _text_config(model: torch.nn.Module):
+    """The language model's own config (a multimodal model nests it)."""
+    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+
+
 def _lean_layers(model: torch.nn.Module, dnn: bool, gen: torch.Generator, policy_of: dict) -> int:
     """The lean decoder layers (``lean.py``) where they fit and pass their check; the joined
     products replace the separate ones, whose weights become views of the joined weights (no copy
@@ -311,12 +315,11 @@ def _lean_layers(model: torch.nn.Module, dnn: bool, gen: torch.Generator, policy
         return 0
     plan = [(layer, qkv, gu) for layer, qkv, gu in lean.candidates(model)
             if _prepare(qkv, dnn, gen, policy_of) and _prepare(gu, dnn, gen, policy_of)]
-    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    done = lean.install(model, plan, int(getattr(text, "vocab_size", 0) or 0))
+    done = lean.install(model, plan, int(getattr(_text_config(model), "vocab_size", 0) or 0))
     if done:
         for layer, qkv, gu in plan:
-            for joined, parts in ((qkv, ("q_proj", "k_proj", "v_proj")), (gu, ("gate_proj", "up_proj"))):
-                owner = layer.self_attn if parts[0] == "q_proj" else layer.mlp
+            for joined, owner, parts in ((qkv, layer.self_attn, ("q_proj", "k_proj", "v_proj")),
+                                         (gu, layer.mlp, ("gate_proj", "up_proj"))):
                 row = 0
                 for name in parts:
                     part = getattr(owner, name)
@@ -349,7 +352,7 @@ def enable(model: torch.nn.Module) -> int:
             disable(model)
             raise SpecvizError(f"the exact mode cannot hold here: this machine's GEMM gives a {tuple(module.weight.shape)} "
                                "layer's rows other bits depending on the rows beside them")
-    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    text = _text_config(model)
     heads = int(getattr(text, "num_attention_heads", 0) or 0)
     if heads:  # decide the attention form now, outside any run's clock
         kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)

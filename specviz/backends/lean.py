@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .exact import ExactLinear, exact_attention
+from .exact import ExactLinear, _fused_rms_forward, exact_attention
 
 LEAN = ("LlamaDecoderLayer", "Qwen2DecoderLayer")  # classes whose forward ``_forward`` reproduces
 TOLERANCE = 1e-3  # max |logit difference| against the stock layers on the test sequence
@@ -45,7 +45,7 @@ def _forward(self, hidden_states: torch.Tensor, attention_mask=None, position_em
     n1, n2 = self.input_layernorm, self.post_attention_layernorm
     b, n = hidden_states.shape[:2]
     d, hq, hk = attn.head_dim, self._svz_heads, self._svz_kv_heads
-    x = torch.rms_norm(hidden_states, n1.weight.shape, n1.weight, n1.variance_epsilon)
+    x = _fused_rms_forward(n1, hidden_states)  # the form fuse_norms checked for these norms
     qkv = ExactLinear.forward(self._svz_qkv, x)
     qk = qkv[..., : (hq + hk) * d].view(b, n, hq + hk, d).transpose(1, 2)  # (b, heads + kv heads, n, d)
     cos, sin = position_embeddings
@@ -57,7 +57,7 @@ def _forward(self, hidden_states: torch.Tensor, attention_mask=None, position_em
         k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
     out, _ = exact_attention(attn, q, k, v, attention_mask, scaling=attn.scaling)
     h = hidden_states + ExactLinear.forward(attn.o_proj, out.reshape(b, n, -1))
-    x = torch.rms_norm(h, n2.weight.shape, n2.weight, n2.variance_epsilon)
+    x = _fused_rms_forward(n2, h)
     g, u = ExactLinear.forward(self._svz_gate_up, x).chunk(2, -1)
     return h + ExactLinear.forward(mlp.down_proj, F.silu(g) * u)
 
