@@ -291,3 +291,4 @@ def test_kind_parses_checks_and_builds(tmp_path, target_model, tok):
     save_head(tmp_path / "h.safetensors", head, vocab, model="tiny", priors=[[0.4] * 6, [0.5] * 6])
     d = HeadKind().build(spec, Loaded, None)
     assert d.PRIOR_FIRST == (0.4,) * 6 and d.describe()["kind"] == "head"
+    assert d.describe()["head_products"] == ("int8" if d.out_rows.int8 else "float16")

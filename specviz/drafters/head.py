@@ -413,7 +413,8 @@ class HeadDrafter(BandedLookupDrafter):
 
     def describe(self) -> dict:
         d = super().describe()
-        d.update(kind=self.kind, name=self.name, lookup=self.lookup, head_vocab=len(self.vocab))
+        d.update(kind=self.kind, name=self.name, lookup=self.lookup, head_vocab=len(self.vocab),
+                 head_products="int8" if self.out_rows.int8 else "float16")
         return d
 
 
