@@ -115,6 +115,9 @@ def main() -> None:
     ap.add_argument("--templates", type=int, default=1300, help="template prompts of seed 1 (beside 500 of seed 0)")
     ap.add_argument("--more-templates", type=int, default=3000,
                     help="template prompts of seed 2 (many repeat earlier ones; 3000 add ~1,900 new)")
+    ap.add_argument("--extra-seeds", type=int, default=0,
+                    help="add 3000 template prompts of each of seeds 3, 4, ... (3 seeds: ~3,600 new ones, about "
+                         "twice the answers of the shipped head; the answers stage alone then takes ~90 min)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-prompt-tokens", type=int, default=800,
                     help="leave out longer prompts (a batch of long contexts is slow to generate on a CPU)")
@@ -138,6 +141,8 @@ def main() -> None:
     model, tok = lm.model, lm.tokenizer
     spare = [r["prompt"] for r in load_prompts(args.prompts, skip=args.skip)] if args.prompts else []
     prompts = spare + make_prompts(500, 0) + make_prompts(args.templates, 1) + make_prompts(args.more_templates, 2)
+    for seed in range(3, 3 + args.extra_seeds):
+        prompts += make_prompts(3000, seed)
     pairs = answers(model, tok, list(dict.fromkeys(prompts)), args.max_new_tokens, args.batch, work / "answers.pt",
                     args.max_prompt_tokens)
     hs, xs = states(model, pairs, work / "states.pt")
