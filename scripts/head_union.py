@@ -22,23 +22,18 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lookup_stats import kept_prefix as kept  # noqa: E402
 
 from specviz.bench import load_prompts  # noqa: E402
 from specviz.costs import load_costs  # noqa: E402
 from specviz.drafters.head import HeadDrafter  # noqa: E402
+from specviz.drafters.lookup import PromptLookupDrafter  # noqa: E402
 from specviz.engine import DecodeConfig  # noqa: E402
 from specviz.events import SummaryEvent  # noqa: E402
 from specviz.pipeline import build_pipeline  # noqa: E402
 from specviz.registry import load_registry  # noqa: E402
-
-
-def kept(draft: list[int], answer: list[int]) -> int:
-    n = 0
-    for a, b in zip(draft, answer):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def main() -> None:
@@ -66,12 +61,10 @@ def main() -> None:
         real = propose(self, ids, max_tokens, sampling, generator)  # last, so the drafter's state is the run's
         tail: list[int] = []
         if self._bands and len(real.tokens) < max_tokens:  # the head drafted: lookup after its chain
-            best = None
-            for key, toks, _ in self.candidates(list(ids) + real.tokens, max_tokens - len(real.tokens)):
-                g, val, *_ = self.value(key, len(toks))
-                if g and (best is None or val > best[0]):
-                    best = (val, toks[:g])
-            tail = best[1] if best else []
+            last = self._last  # lookup's own choice (the best paying match), leaving the run's state as it was
+            tail = PromptLookupDrafter.propose(self, list(ids) + real.tokens, max_tokens - len(real.tokens),
+                                               sampling, generator).tokens
+            self._last = last
         record.append((list(ids), head, match, real.tokens, tail))
         return real
 
