@@ -7,8 +7,7 @@ of one teacher-forced pass over prompt + answer), and how much of each the answe
 Prints, per kind of match and per agreement (the match's first token is the head's top token,
 or not), the chance the first token is kept (a1) and a further one after a kept one (ac); the
 head's own first-token accuracy per band of its top probability, with a context match that agrees,
-one that differs, or none; and both as priors (shrunk toward the drafter's own, worth SHRINK
-observations) in the form a drafter would read them.
+one that differs, or none.
 
     python scripts/agree_stats.py --prompts ../shared/prompts/specbench-dev.jsonl --skip 3
 
@@ -37,8 +36,6 @@ from specviz.events import SummaryEvent  # noqa: E402
 from specviz.pipeline import build_pipeline  # noqa: E402
 from specviz.registry import load_registry  # noqa: E402
 from specviz.sampling import SamplingConfig  # noqa: E402
-
-SHRINK = 10  # a printed prior is the measured rate shrunk toward the kind's own, worth this many observations
 
 
 def main() -> None:
@@ -89,22 +86,14 @@ def main() -> None:
             h[0] += arg == truth[0]
             h[1] += 1
     print("| match | head agrees | seen | first kept (a1) | further kept (ac) |\n|---|---|---|---|---|")
-    table = {}
     for (key, agree) in sorted(match, key=str):
         f, n, c, m = match[(key, agree)]
         print(f"| {' '.join(map(str, key))} | {agree} | {n} | {f / n:.2f} | {c / max(1, m):.2f} |")
-        a1, ac = d.estimates(key)  # lookup's own prior for the kind (nothing observed yet), worth SHRINK observations
-        table[key + (agree,)] = (round((f + SHRINK * a1) / (n + SHRINK), 2), round((c + SHRINK * ac) / (m + SHRINK), 2))
     print("\n| head band | context match agrees | seen | first kept |\n|---|---|---|---|")
-    first = {False: [], True: []}
     for (b, agree) in sorted(head, key=str):
         k, n = head[(b, agree)]
         print(f"| {b} | {agree} | {n} | {k / n:.2f} |")
-        if agree is not None:
-            first[agree].append(round((k + SHRINK * d.PRIOR_FIRST[b]) / (n + SHRINK), 2))
-    print("\nPRIOR_AGREE =", "{" + ", ".join(f"{k!r}: {v!r}" for k, v in table.items()) + "}")
-    print("PRIOR_FIRST_DIFFERS =", tuple(first[False]))
-    print("PRIOR_FIRST_AGREES =", tuple(first[True]))
+
 
 if __name__ == "__main__":
     main()
