@@ -138,6 +138,10 @@ def _blocks(query, key, value, scaling, past: int, sliding: int | None) -> torch
     outs = []
     for a, z, span, bias in _plan(past, q_len, sliding, rep):
         q = query[:, :, a:z].reshape(b * kv_heads, rep * (z - a), d)
+        rows = q.shape[1]
+        if rows < MIN_QUERY_ROWS:  # a few-row product takes another kernel (MKL on AVX2): pad with zero rows
+            q = F.pad(q, (0, 0, 0, MIN_QUERY_ROWS - rows))
+            bias = F.pad(bias, (0, 0, 0, MIN_QUERY_ROWS - rows))
         k, v = key[:, :, :span], value[:, :, :span]
         if span > kv_len:  # keys past the cache, masked: the cache buffer's room (no copy), else zeros
             k, v = room(key, span), room(value, span)
@@ -146,7 +150,8 @@ def _blocks(query, key, value, scaling, past: int, sliding: int | None) -> torch
         # scores scaled and masked in the product's epilogue (the mask adds 0 or -inf: the room's
         # contents are finite, zeros or old keys), then one value product
         p = torch.baddbmm(bias.to(q.dtype), q, k.reshape(b * kv_heads, span, d).transpose(-1, -2), alpha=scale).softmax(-1)
-        outs.append(torch.bmm(p, v.reshape(b * kv_heads, span, d)).reshape(b, heads, z - a, d))
+        o = torch.bmm(p, v.reshape(b * kv_heads, span, d))
+        outs.append((o[:, :rows] if rows < MIN_QUERY_ROWS else o).reshape(b, heads, z - a, d))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, 2)
     return out.transpose(1, 2).contiguous()
 
@@ -196,6 +201,12 @@ def _same_bits_alone(heads: int, kv_heads: int, d: int, dtype, past: int, gen, r
 
 
 BLOCK = 64  # the key spans attention is padded to (a multiple of the float32 vector width)
+# The fewest query rows a product of ``_blocks`` takes: a plain step of a model whose query heads
+# share a KV head three to a group has 3, and MKL's batched GEMM on an AVX2 CPU (AMD EPYC, Zen 3)
+# takes another kernel below 4 rows, so a token alone got other bits than inside a pass (the check
+# failed there and attention ran per row). Padded with zero rows (masked nowhere: their scores are
+# finite), every product has 4 or more and takes the same kernel.
+MIN_QUERY_ROWS = 4
 _plans: dict = {}
 
 
