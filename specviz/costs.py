@@ -18,6 +18,28 @@ from .errors import SpecvizError
 REFERENCE = (1.0, 1.05, 1.12, 1.2, 1.3, 1.33, 1.38, 1.42, 1.48, 1.52, 1.57, 1.62, 1.66, 1.72, 1.76, 1.81, 1.86)
 
 
+def fit_profile(samples: list[list[float]]) -> list[float]:
+    """v[g] from timed passes: ``samples[g]`` holds the times (ms) of passes over g + 1 tokens.
+
+    A shared machine only ever adds time, so each length's fastest pass is the estimate of what it
+    costs; the estimates are then fitted with the closest non-decreasing sequence (least squares,
+    pool-adjacent-violators), since a pass over more tokens never costs less, and divided by the
+    1-token pass's fitted time. On a 2-core box with busy neighbours, three passes' medians gave
+    profiles such as 1.0, 0.97, 0.92, 0.80, 0.87, 0.96 (a 4-token pass "cheaper" than one token,
+    where the same padded kernel runs for both): a cost-aware drafter reads each dip as a reason to
+    propose and each spike as a reason not to."""
+    if not samples or not all(samples):
+        raise SpecvizError("a cost profile needs at least one timed pass per length")
+    blocks: list[list[float]] = []  # [mean, weight] of pooled runs of lengths
+    for t in (min(ms) for ms in samples):
+        blocks.append([t, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, w1), (m2, w2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2]
+    fitted = [m for m, w in blocks for _ in range(int(w))]
+    return [t / fitted[0] for t in fitted]
+
+
 def load_costs(spec: str | None) -> tuple[float, ...] | None:
     """None (measure), 'reference', a JSON list, or a JSON file: a list or a saved run."""
     if spec is None or spec in ("", "measured"):

@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from ..errors import SpecvizError
+from ..costs import fit_profile
 from .base import Timer
 from . import exact
 from .kv import roomy
@@ -32,6 +33,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..registry import ModelSpec, Source
 
 _COSTS: dict[tuple, list[float]] = {}
+PROFILE_CONTEXT = 200  # tokens of context the cost profile is measured after
+PROFILE_ROUNDS = 5  # timed passes per length (the fastest counts: see costs.fit_profile)
 
 
 def model_eos_ids(model: torch.nn.Module, tokenizer=None) -> set[int]:
@@ -109,19 +112,21 @@ class CachedLM:
         known = _COSTS.get(key, [])
         if len(known) >= max_tokens:
             return known[:max_tokens]
-        ctx = list(context[:64]) or [0]
+        # a context of the length answers run at (a pass's attention grows with it), from the given ids
+        n_ctx = max(1, min(PROFILE_CONTEXT, self.context_length - max_tokens - 1))
+        seed = list(context[:n_ctx]) or [0]
+        ctx = (seed * (n_ctx // len(seed) + 1))[:n_ctx]
         self.reset()
         self.feed(ctx, keep_logits=1)
-        ms: dict[int, list[float]] = {}
+        ms: list[list[float]] = [[] for _ in range(max_tokens)]
         probe = (ctx * (max_tokens // len(ctx) + 1))[:max_tokens]
-        for _ in range(3):
+        for _ in range(PROFILE_ROUNDS):
             for n in range(1, max_tokens + 1):
                 with Timer(self.device) as t:
                     self.feed(probe[:n])
                 self.rollback(len(ctx))
-                ms.setdefault(n, []).append(t.ms)
-        med = [sorted(ms[n])[1] for n in range(1, max_tokens + 1)]
-        costs = [m / med[0] for m in med]
+                ms[n - 1].append(t.ms)
+        costs = fit_profile(ms)
         _COSTS[key] = costs
         self.reset()
         return costs
