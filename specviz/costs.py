@@ -30,13 +30,13 @@ def fit_profile(samples: list[list[float]]) -> list[float]:
     propose and each spike as a reason not to."""
     if not samples or not all(samples):
         raise SpecvizError("a cost profile needs at least one timed pass per length")
-    blocks: list[list[float]] = []  # [mean, weight] of pooled runs of lengths
+    blocks: list[tuple[float, int]] = []  # (mean, lengths) of pooled runs of lengths
     for t in (min(ms) for ms in samples):
-        blocks.append([t, 1.0])
+        blocks.append((t, 1))
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             (m1, w1), (m2, w2) = blocks[-2], blocks.pop()
-            blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2]
-    fitted = [m for m, w in blocks for _ in range(int(w))]
+            blocks[-1] = ((m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2)
+    fitted = [m for m, w in blocks for _ in range(w)]
     return [t / fitted[0] for t in fitted]
 
 

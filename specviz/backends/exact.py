@@ -139,9 +139,8 @@ def _blocks(query, key, value, scaling, past: int, sliding: int | None) -> torch
     for a, z, span, bias in _plan(past, q_len, sliding, rep):
         q = query[:, :, a:z].reshape(b * kv_heads, rep * (z - a), d)
         rows = q.shape[1]
-        if rows < MIN_QUERY_ROWS:  # a few-row product takes another kernel (MKL on AVX2): pad with zero rows
-            q = F.pad(q, (0, 0, 0, MIN_QUERY_ROWS - rows))
-            bias = F.pad(bias, (0, 0, 0, MIN_QUERY_ROWS - rows))
+        if rows < bias.shape[0]:  # a few-row product, padded with zero rows (see MIN_QUERY_ROWS)
+            q = F.pad(q, (0, 0, 0, bias.shape[0] - rows))
         k, v = key[:, :, :span], value[:, :, :span]
         if span > kv_len:  # keys past the cache, masked: the cache buffer's room (no copy), else zeros
             k, v = room(key, span), room(value, span)
@@ -151,7 +150,7 @@ def _blocks(query, key, value, scaling, past: int, sliding: int | None) -> torch
         # contents are finite, zeros or old keys), then one value product
         p = torch.baddbmm(bias.to(q.dtype), q, k.reshape(b * kv_heads, span, d).transpose(-1, -2), alpha=scale).softmax(-1)
         o = torch.bmm(p, v.reshape(b * kv_heads, span, d))
-        outs.append((o[:, :rows] if rows < MIN_QUERY_ROWS else o).reshape(b, heads, z - a, d))
+        outs.append(o[:, :rows].reshape(b, heads, z - a, d))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, 2)
     return out.transpose(1, 2).contiguous()
 
@@ -214,7 +213,7 @@ def _plan(past: int, q_len: int, sliding: int | None, rep: int) -> list:
     """The products of one pass (the same for every layer, kept for the next layers): for each run
     of tokens whose key spans round to the same length, (first row, end row, padded span, the mask
     added to its scores: -inf on the keys a row must not see, 0 elsewhere; rows in the products'
-    order, query head-major)."""
+    order, query head-major, padded to MIN_QUERY_ROWS rows)."""
     key = (past, q_len, sliding, rep)
     plan = _plans.get(key)
     if plan is not None:
@@ -230,8 +229,10 @@ def _plan(past: int, q_len: int, sliding: int | None, rep: int) -> list:
         masked = cols >= end
         if sliding:
             masked |= cols < end - sliding
-        bias = torch.zeros(masked.shape).masked_fill_(masked, float("-inf"))
-        plan.append((a, z, spans[a], bias.repeat(rep, 1)))
+        bias = torch.zeros(masked.shape).masked_fill_(masked, float("-inf")).repeat(rep, 1)
+        if bias.shape[0] < MIN_QUERY_ROWS:  # the padding rows see every key (their scores are finite)
+            bias = F.pad(bias, (0, 0, 0, MIN_QUERY_ROWS - bias.shape[0]))
+        plan.append((a, z, spans[a], bias))
         a = z
     if len(_plans) > 64:
         _plans.clear()

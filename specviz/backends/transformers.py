@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from itertools import cycle, islice
 from typing import TYPE_CHECKING
 
 import torch
@@ -114,12 +115,11 @@ class CachedLM:
             return known[:max_tokens]
         # a context of the length answers run at (a pass's attention grows with it), from the given ids
         n_ctx = max(1, min(PROFILE_CONTEXT, self.context_length - max_tokens - 1))
-        seed = list(context[:n_ctx]) or [0]
-        ctx = (seed * (n_ctx // len(seed) + 1))[:n_ctx]
+        ctx = list(islice(cycle(list(context[:n_ctx]) or [0]), n_ctx))
         self.reset()
         self.feed(ctx, keep_logits=1)
         ms: list[list[float]] = [[] for _ in range(max_tokens)]
-        probe = (ctx * (max_tokens // len(ctx) + 1))[:max_tokens]
+        probe = list(islice(cycle(ctx), max_tokens))
         for _ in range(PROFILE_ROUNDS):
             for n in range(1, max_tokens + 1):
                 with Timer(self.device) as t:
