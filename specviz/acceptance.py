@@ -83,8 +83,11 @@ def verify(
         draws[i] = u
         if u < accept_probs[i]:
             continue
-        q_i = one_hot(x, p_rows[i]) if q_rows is None else q_rows[i]
-        r = residual(p_rows[i], q_i).float()
+        if q_rows is None and p_rows[i, x] == 0 and int(torch.count_nonzero(p_rows[i])) == 1:
+            r = p_rows[i]  # a one-hot p (every greedy row) less a one-hot q off its support: p itself
+        else:
+            q_i = one_hot(x, p_rows[i]) if q_rows is None else q_rows[i]
+            r = residual(p_rows[i], q_i).float()
         return Verdict(i, accept_probs, draws, sample(r, generator), "resample", r)
     p_bonus = p_rows[gamma]
     return Verdict(gamma, accept_probs, draws, sample(p_bonus, generator), "bonus", p_bonus)

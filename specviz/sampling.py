@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 from .errors import SpecvizError
@@ -49,7 +50,7 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     logits = logits.float()
     if cfg.greedy:
         out = torch.zeros_like(logits)
-        return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        return out.scatter_(-1, argmax(logits).unsqueeze(-1), 1.0)
     logits = logits / cfg.temperature
     if cfg.top_k and cfg.top_k < logits.shape[-1]:
         kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
@@ -64,6 +65,16 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return logits.softmax(dim=-1)
 
 
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """Index of the largest value along the last dim, the first one on ties (NaN counts as the
+    largest), as ``torch.argmax`` gives it. On a CPU through numpy's kernel: torch's CPU argmax took
+    ~0.12 ms for one 49k-token row on this project's AMD EPYC, numpy's 0.008, and greedy decoding
+    takes one per row of every pass (plain and speculative alike)."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() in (1, 2) and not x.requires_grad:
+        return torch.from_numpy(np.asarray(np.ascontiguousarray(x.numpy()).argmax(-1)))
+    return x.argmax(dim=-1)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """Draw one token id from a 1-D distribution with the caller's generator.
 
@@ -71,7 +82,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     draw. ``torch.multinomial`` over a 49k vocabulary costs ~1 ms on a CPU, as much as a fifth of a
     135M model's step, and would slow plain decoding as much as speculative decoding."""
     if int(torch.count_nonzero(probs)) == 1:
-        return int(probs.argmax())
+        return int(argmax(probs))
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 

@@ -113,3 +113,22 @@ def test_empty_proposal_draws_the_next_token_from_p():
     assert all(v.accepted == 0 and v.kind == "bonus" and torch.equal(v.p_next, p[0]) for v in draws)
     share = sum(v.next_token == 2 for v in draws) / len(draws)
     assert abs(share - 0.8) < 0.04 and not any(v.next_token == 1 for v in draws)
+
+
+def test_one_hot_p_rejection_gives_what_the_residual_gives():
+    """A greedy row (one-hot p) refusing a one-hot q's token resamples p itself: the same token and
+    the same p_next, bit for bit, as norm(max(0, p - q)) computed in full."""
+    from specviz.acceptance import one_hot
+
+    p = torch.zeros(3, 50)
+    p[0, 7], p[1, 3], p[2, 9] = 1.0, 1.0, 1.0
+    v = verify([7, 4], p, None, make_generator(0))
+    assert v.accepted == 1 and v.kind == "resample" and v.next_token == 3
+    full = residual(p[1], one_hot(4, p[1])).float()
+    assert torch.equal(v.p_next, full) and v.draws[1] is not None
+    # a p with more than one token in its support still goes through the residual
+    p[1, 4], p[1, 3] = 0.0, 0.0
+    p[1, 11], p[1, 12] = 0.5, 0.5
+    v = verify([7, 4], p, None, make_generator(0))
+    assert v.accepted == 1 and v.next_token in (11, 12)
+    assert torch.equal(v.p_next, residual(p[1], one_hot(4, p[1])).float())

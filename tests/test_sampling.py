@@ -82,3 +82,21 @@ def test_one_hot_needs_no_draw_but_any_other_mass_does():
 def test_bad_settings_raise_clear_errors(kwargs, needle):
     with pytest.raises(SpecvizError, match=needle):
         SamplingConfig(**kwargs)
+
+
+def test_argmax_matches_torch_first_index_on_ties_and_nan():
+    """The fast CPU argmax (numpy's kernel) picks what torch.argmax picks: greedy decoding's token."""
+    from specviz.sampling import argmax
+
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(7, 49152, generator=g)
+    rows[1, 10] = rows[1, 20] = rows[1].max() + 1  # a tie: the first index wins
+    rows[2, 5] = float("nan")  # NaN counts as the largest, as in torch
+    rows[3] = 0.0  # all equal
+    rows[4, -1] = float("inf")
+    assert torch.equal(argmax(rows), rows.argmax(-1))
+    for r in rows:
+        assert int(argmax(r)) == int(r.argmax())
+    half = rows.half()  # other dtypes take torch's own path
+    assert torch.equal(argmax(half), half.argmax(-1))
+    assert torch.equal(logits_to_probs(rows[:2], SamplingConfig(0.0)).argmax(-1), rows[:2].argmax(-1))
