@@ -97,6 +97,9 @@ def test_argmax_matches_torch_first_index_on_ties_and_nan():
     assert torch.equal(argmax(rows), rows.argmax(-1))
     for r in rows:
         assert int(argmax(r)) == int(r.argmax())
+    cols = rows[:, :4096].T  # a strided view, and a 3-D stack
+    assert torch.equal(argmax(cols), cols.argmax(-1))
+    assert torch.equal(argmax(rows.view(7, 4, -1)), rows.view(7, 4, -1).argmax(-1))
     half = rows.half()  # other dtypes take torch's own path
     assert torch.equal(argmax(half), half.argmax(-1))
     assert torch.equal(logits_to_probs(rows[:2], SamplingConfig(0.0)).argmax(-1), rows[:2].argmax(-1))
