@@ -48,6 +48,31 @@ def test_keys_are_exact_for_large_vocabularies():
     assert d.find([big + 5], 2) is None
 
 
+def test_following_in_python_chooses_as_numpy_does(monkeypatch):
+    """``_follow`` switches from numpy to plain Python once few continuations are left: all numpy
+    and all Python give the same continuation, support and share on random stores (ties between
+    equally common tokens go to the smaller id either way)."""
+    import random
+
+    rng = random.Random(3)
+    checked = 0
+    for vocab in (2, 3, 7, 40):
+        seqs = [[rng.randrange(vocab) for _ in range(rng.randrange(1, 25))] for _ in range(60)]
+        d = store_of(*seqs)
+        for _ in range(60):
+            ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 5))]
+            k = rng.randrange(1, 12)
+            monkeypatch.setattr(Datastore, "FEW", 0)
+            in_python = d.find(ids, k)
+            monkeypatch.setattr(Datastore, "FEW", 10**9)
+            in_numpy = d.find(ids, k)
+            assert (in_python is None) == (in_numpy is None)
+            if in_numpy is not None:
+                assert in_python.__dict__ == in_numpy.__dict__
+                checked += 1
+    assert checked > 100
+
+
 def test_roundtrip_file_and_bad_file(tmp_path):
     path = tmp_path / "store.npz"
     save_datastore(path, [[1, 2, 3], [4, 5]], vocab_size=50)

@@ -244,6 +244,59 @@ def test_prompt_lookup_prefers_longest_most_recent_match():
     assert d.find([1, 2, 3, 4], 3) == ([], 0)
 
 
+def _match_by_scan(ids, max_ngram, min_ngram, max_tokens, max_match, vote=True):
+    """The lookup rule spelled out as a scan of every earlier position (the reference)."""
+    L = len(ids)
+    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
+        hits = [h for h in range(L - n) if ids[h:h + n] == ids[L - n:]]
+        if not hits:
+            continue
+        if vote and len(hits) > 1:
+            nxt = [ids[h + n] for h in hits]
+            most = max(nxt.count(t) for t in nxt)
+            hits = [h for h in hits if nxt.count(ids[h + n]) == most]
+        best, best_len = hits[-1], -1
+        for h in list(reversed(hits))[:64]:
+            m = n
+            while m < max_match and h - (m - n) - 1 >= 0 and ids[h - (m - n) - 1] == ids[L - m - 1]:
+                m += 1
+            if m > best_len:
+                best, best_len = h, m
+        return ids[best + n: best + n + max_tokens], n, best_len
+    return [], 0, 0
+
+
+def test_prompt_lookup_index_follows_a_growing_rewound_and_replaced_sequence():
+    """The n-gram index is kept up to date incrementally: the same matches as a full scan while the
+    sequence grows, after it is cut back (a rewind), and when another sequence replaces it."""
+    import random
+
+    rng = random.Random(0)
+    checked = 0
+    for vocab, (mx, mn), vote in [(3, (4, 1), True), (5, (2, 1), True), (20, (3, 2), False), (2, (1, 1), True),
+                                  (3, (4, 1), False), (200, (4, 1), True)]:
+        d = PromptLookupDrafter(max_ngram=mx, min_ngram=mn, adaptive=False, vote=vote)
+        seq = [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))]
+        for _ in range(120):
+            r = rng.random()
+            if r < 0.1:
+                seq = seq[: rng.randrange(1, len(seq) + 1)]
+            elif r < 0.15:
+                seq = [rng.randrange(vocab) for _ in range(rng.randrange(1, 30))]
+            else:
+                seq = seq + [rng.randrange(vocab) for _ in range(rng.randrange(1, 5))]
+            k = rng.randrange(0, 12)
+            assert d.match(list(seq), k) == _match_by_scan(seq, mx, mn, k, d.MAX_MATCH, vote), (seq, k)
+            checked += 1
+    # more than 64 earlier occurrences: only the 64 most recent compete on matched length
+    d = PromptLookupDrafter(max_ngram=4, adaptive=False)
+    seq = [rng.randrange(2) for _ in range(1500)]
+    for _ in range(30):
+        seq.append(rng.randrange(2))
+        assert d.match(list(seq), 10) == _match_by_scan(seq, 4, 1, 10, d.MAX_MATCH)
+    assert checked == 720
+
+
 def test_early_exit_view_shares_weights(target_model):
     from specviz.backends.transformers import early_exit_view
 

@@ -9,6 +9,7 @@ each for vocabularies under 65,536, so up to 4 tokens), sorted once, searched wi
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +29,13 @@ class Match:
 
 
 class Datastore:
+    FEW = 32  # ``_follow`` leaves numpy for plain Python once this few continuations are left
+
     def __init__(self, tokens: np.ndarray, max_ngram: int = 4, meta: dict | None = None):
         self.tokens = np.asarray(tokens, dtype=np.int64)
         if not self.tokens.size or self.tokens[-1] != SEP:  # every continuation ends at a separator
             self.tokens = np.append(self.tokens, SEP)
+        self._list = self.tokens.tolist()  # the same tokens as Python ints, for following few matches
         self.meta = meta or {}
         vocab = int(self.tokens.max()) + 1
         self.bits = max(1, int(vocab).bit_length())
@@ -63,36 +67,59 @@ class Datastore:
         if max_tokens <= 0 or not ids:
             return None
         top = min(max_ngram or self.max_ngram, self.max_ngram, len(ids))
+        limit = 1 << self.bits
         for n in range(top, 0, -1):
-            if n not in self._keys:
+            keys = self._keys.get(n)
+            if keys is None:
                 continue
-            tail = np.asarray(ids[-n:], dtype=np.int64)
-            if (tail >= 1 << self.bits).any() or (tail < 0).any():
-                continue
-            key = self._pack(tail[None, :])[0]
-            lo, hi = np.searchsorted(self._keys[n], np.array([key, key + np.uint64(1)], dtype=np.uint64))
-            if hi > lo:
-                return self._follow(self._starts[n][lo:hi], n, max_tokens)
+            key = 0
+            for t in ids[-n:]:
+                if not 0 <= t < limit:
+                    break
+                key = (key << self.bits) | int(t)
+            else:
+                lo = int(keys.searchsorted(np.uint64(key)))
+                if lo < len(keys) and keys[lo] == key:
+                    hi = int(keys.searchsorted(np.uint64(key), side="right"))
+                    return self._follow(self._starts[n][lo:hi], n, max_tokens)
         return None
 
     def _follow(self, starts: np.ndarray, n: int, max_tokens: int) -> Match:
+        """Follow the majority token by token from the continuations at ``starts`` (numpy while
+        they are many, plain Python once they are few: the same choices either way, the most
+        common next token and the smallest id among equally common ones)."""
         out: list[int] = []
         support, share = len(starts), 0.0
         pos = starts
-        while len(out) < max_tokens:
+        while len(out) < max_tokens and len(pos) > self.FEW:
             nxt = self.tokens[pos]
             keep = nxt != SEP
             pos, nxt = pos[keep], nxt[keep]
             if not pos.size:
-                break
+                return Match(out, n, support, share)
             values, counts = np.unique(nxt, return_counts=True)
             best = int(np.argmax(counts))
             if not out:
                 share = float(counts[best]) / support
             elif counts[best] * 2 < pos.size:  # no majority further on: stop here
-                break
+                return Match(out, n, support, share)
             out.append(int(values[best]))
             pos = pos[nxt == values[best]] + 1
+        tokens, pos = self._list, pos.tolist()
+        while len(out) < max_tokens:
+            nxt = [tokens[p] for p in pos]
+            pos = [p for p, t in zip(pos, nxt) if t != SEP]
+            if not pos:
+                break
+            counts = Counter(t for t in nxt if t != SEP)
+            most = max(counts.values())
+            token = min(t for t, c in counts.items() if c == most)
+            if not out:
+                share = most / support
+            elif most * 2 < len(pos):  # no majority further on: stop here
+                break
+            out.append(token)
+            pos = [p + 1 for p in pos if tokens[p] == token]
         return Match(out, n, support, share)
 
 

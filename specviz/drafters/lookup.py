@@ -4,15 +4,40 @@ own earlier answers (:mod:`specviz.drafters.datastore`)."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..backends.base import Timer
 from ..errors import SpecvizError
 from .base import Drafter, DrafterKind, Proposal, whole
 from .datastore import load_datastore
+
+
+class NgramIndex:
+    """Where each n-gram (n <= ``max_n``) of a growing token sequence starts, for the starts that
+    have a continuation (the token after the n-gram). ``sync`` indexes only what was appended since
+    the last call, so a lookup costs a dictionary read instead of a scan of the whole sequence; a
+    sequence that is not an extension of the indexed one (a rewind, another prompt) is re-indexed."""
+
+    def __init__(self, max_n: int):
+        self.max_n = max_n
+        self.ids: list[int] = []
+        self.pos: list[dict[tuple, list[int]]] = [{} for _ in range(max_n + 1)]
+
+    def sync(self, ids: list[int]) -> None:
+        m = len(self.ids)
+        if m > len(ids) or ids[:m] != self.ids:
+            self.ids, self.pos, m = [], [{} for _ in range(self.max_n + 1)], 0
+        self.ids.extend(ids[m:])
+        seq = self.ids
+        for c in range(max(m, 1), len(seq)):  # c: the continuation's index
+            for n in range(1, min(self.max_n, c) + 1):
+                self.pos[n].setdefault(tuple(seq[c - n:c]), []).append(c - n)
+
+    def starts(self, n: int, gram: list[int]) -> list[int]:
+        return self.pos[n].get(tuple(gram), []) if n <= self.max_n else []
 
 
 class PromptLookupDrafter(Drafter):
@@ -62,6 +87,7 @@ class PromptLookupDrafter(Drafter):
         self._first: dict[tuple, list[float]] = {}  # match kind -> [kept, examined] of first tokens
         self._cont: dict[tuple, list[float]] = {}  # the same for tokens after a kept one
         self._last: tuple | None = None
+        self._index: NgramIndex | None = None
 
     def find(self, ids: list[int], max_tokens: int) -> tuple[list[int], int]:
         """The continuation of a match of the longest suffix n-gram that has one, and n."""
@@ -75,28 +101,29 @@ class PromptLookupDrafter(Drafter):
         Among several earlier occurrences, those followed by the most common next token win (a
         common phrase beats a one-off), then the one whose preceding tokens match the suffix for
         longest (matched length, up to ``MAX_MATCH``), then the most recent."""
-        arr = np.asarray(ids, dtype=np.int64)
-        L = len(arr)
+        if not isinstance(ids, list):
+            ids = [int(t) for t in ids]
+        L = len(ids)
+        index = self._index
+        if index is None or index.max_n < self.max_ngram:
+            index = self._index = NgramIndex(self.max_ngram)
+        index.sync(ids)
         for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
-            pattern = arr[L - n:]
-            # candidate starts i < L - n, so the match is not the suffix itself
-            windows = np.lib.stride_tricks.sliding_window_view(arr[: L - 1], n)
-            hits = np.flatnonzero((windows == pattern).all(axis=1))
-            if hits.size:
-                nxt = arr[hits + n]
-                if hits.size > 1 and self.vote:
-                    values, counts = np.unique(nxt, return_counts=True)
-                    top = values[counts == counts.max()]
-                    hits = hits[np.isin(nxt, top)]
-                best, best_len = int(hits[-1]), -1
-                for h in hits[::-1][:64].tolist():  # most recent first
+            hits = index.starts(n, ids[L - n:])  # ascending; the suffix itself is not among them
+            if hits:
+                if len(hits) > 1 and self.vote:
+                    counts = Counter(ids[h + n] for h in hits)
+                    most = max(counts.values())
+                    hits = [h for h in hits if counts[ids[h + n]] == most]
+                best, best_len = hits[-1], -1
+                for h in hits[:-65:-1]:  # the 64 most recent, most recent first
                     m = n
-                    while m < self.MAX_MATCH and h - (m - n) - 1 >= 0 and arr[h - (m - n) - 1] == arr[L - m - 1]:
+                    while m < self.MAX_MATCH and h - (m - n) - 1 >= 0 and ids[h - (m - n) - 1] == ids[L - m - 1]:
                         m += 1
                     if m > best_len:
                         best, best_len = h, m
                 start = best + n
-                return arr[start: start + max_tokens].tolist(), n, best_len
+                return list(ids[start: start + max_tokens]), n, best_len
         return [], 0, 0
 
     @staticmethod
