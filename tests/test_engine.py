@@ -271,6 +271,8 @@ def test_prompt_lookup_index_follows_a_growing_rewound_and_replaced_sequence():
     sequence grows, after it is cut back (a rewind), and when another sequence replaces it."""
     import random
 
+    from specviz.drafters.lookup import NgramIndex
+
     rng = random.Random(0)
     checked = 0
     for vocab, (mx, mn), vote in [(3, (4, 1), True), (5, (2, 1), True), (20, (3, 2), False), (2, (1, 1), True),
@@ -288,6 +290,9 @@ def test_prompt_lookup_index_follows_a_growing_rewound_and_replaced_sequence():
             k = rng.randrange(0, 12)
             assert d.match(list(seq), k) == _match_by_scan(seq, mx, mn, k, d.MAX_MATCH, vote), (seq, k)
             checked += 1
+        fresh = NgramIndex(mx)
+        fresh.sync(list(seq))  # what was cut back and extended again equals an index built at once
+        assert d._index.ids == fresh.ids and d._index.pos == fresh.pos
     # more than 64 earlier occurrences: only the 64 most recent compete on matched length
     d = PromptLookupDrafter(max_ngram=4, adaptive=False)
     seq = [rng.randrange(2) for _ in range(1500)]

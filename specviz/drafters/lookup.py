@@ -17,9 +17,10 @@ from .datastore import load_datastore
 
 class NgramIndex:
     """Where each n-gram (n <= ``max_n``) of a growing token sequence starts, for the starts that
-    have a continuation (the token after the n-gram). ``sync`` indexes only what was appended since
-    the last call, so a lookup costs a dictionary read instead of a scan of the whole sequence; a
-    sequence that is not an extension of the indexed one (a rewind, another prompt) is re-indexed."""
+    have a continuation (the token after the n-gram). ``sync`` indexes only what changed since the
+    last call: tokens appended are added; where the sequence parts from the indexed one (a rewind to
+    the prompt, another prompt), the entries past the common prefix are taken off first. So a lookup
+    is a dictionary read instead of a scan of the whole sequence."""
 
     def __init__(self, max_n: int):
         self.max_n = max_n
@@ -27,14 +28,32 @@ class NgramIndex:
         self.pos: list[dict[tuple, list[int]]] = [{} for _ in range(max_n + 1)]
 
     def sync(self, ids: list[int]) -> None:
-        m = len(self.ids)
-        if m > len(ids) or ids[:m] != self.ids:
-            self.ids, self.pos, m = [], [{} for _ in range(self.max_n + 1)], 0
-        self.ids.extend(ids[m:])
         seq = self.ids
+        m = len(seq)
+        if m > len(ids) or ids[:m] != seq:
+            c = 0
+            for a, b in zip(ids, seq):
+                if a != b:
+                    break
+                c += 1
+            self._truncate(c)
+            m = c
+        seq.extend(ids[m:])
         for c in range(max(m, 1), len(seq)):  # c: the continuation's index
             for n in range(1, min(self.max_n, c) + 1):
                 self.pos[n].setdefault(tuple(seq[c - n:c]), []).append(c - n)
+
+    def _truncate(self, length: int) -> None:
+        """Forget the tokens from ``length`` on: their starts are the last ones of their lists."""
+        seq = self.ids
+        for c in range(len(seq) - 1, max(length, 1) - 1, -1):
+            for n in range(1, min(self.max_n, c) + 1):
+                key = tuple(seq[c - n:c])
+                starts = self.pos[n][key]
+                starts.pop()
+                if not starts:
+                    del self.pos[n][key]
+        del seq[length:]
 
     def starts(self, n: int, gram: list[int]) -> list[int]:
         return self.pos[n].get(tuple(gram), []) if n <= self.max_n else []
