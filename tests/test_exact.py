@@ -78,11 +78,31 @@ def test_the_batched_attention_check_can_fail(monkeypatch):
 @pytest.mark.parametrize("heads, kv_heads, d", [(9, 3, 64), (14, 2, 64), (8, 8, 64), (32, 8, 128)])
 def test_the_batched_attention_holds_on_this_machine_for_common_head_layouts(heads, kv_heads, d, monkeypatch):
     """A plain step's product has ``heads // kv_heads`` query rows (3 for SmolLM2, 1 without grouped
-    heads); padded to ``MIN_QUERY_ROWS`` it takes the kernel a verify pass takes. Without the
+    heads); padded to one of ``ROW_FLOORS`` it takes the kernel a verify pass takes (8 rows for
+    128-wide heads on an Intel Xeon with AMX, where 4 gave other bits). Without the
     padding MKL's batched GEMM on an AVX2 CPU gave those rows other bits, the check failed and every
     pass ran one attention call per token (still exact, ~10% slower at 8-11 tokens)."""
     monkeypatch.setattr(exact, "_batched_ok", {})
     assert exact.batched_attention_holds(heads, kv_heads, d)
+
+
+def test_wide_heads_are_bit_identical_for_every_pass_length():
+    """128-wide heads, four query heads to a KV head (the layout of Llama-3-8B's attention, scaled
+    down): a plain step's product has 4 rows, which on some CPUs takes another GEMM kernel than 8 or
+    more; the row floor found at load (``exact.query_rows``) keeps every pass on one kernel."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=97, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                      max_position_embeddings=512, tie_word_embeddings=False)
+    torch.manual_seed(5)
+    model = LlamaForCausalLM(cfg).eval()
+    exact.enable(model)
+    assert exact.query_rows(8, 2, 128) in exact.ROW_FLOORS
+    lm = CachedLM(model)
+    seq = [int(t) for t in torch.randint(3, 97, (160,), generator=torch.Generator().manual_seed(6))]
+    for ctx in (5, 56, 120):
+        assert differing_rows(lm, seq, ctx) == [], ctx
 
 
 def test_tiny_greedy_speculative_equals_vanilla_in_the_exact_mode():

@@ -98,6 +98,15 @@ class ExactLinear(torch.nn.Linear):
         return y.view(*x.shape[:-1], y.shape[-1])
 
 
+# The fewest query rows a product of ``_blocks`` may take, tried in order per head layout: a plain
+# step's product has ``heads // kv_heads`` rows (3 for SmolLM2), and MKL's batched GEMM takes
+# another kernel for few rows than for many, so a token alone got other bits than inside a pass.
+# On an AVX2 AMD EPYC (Zen 3) that was below 4 rows; on an Intel Xeon with AMX, for 128-wide heads,
+# below 8 (4-row products failed the check for (32, 8, 128), (8, 8, 128), (32, 32, 128)). Padded
+# with zero rows (masked nowhere: their scores are finite), every product takes one kernel.
+ROW_FLOORS = (4, 8)
+
+
 def exact_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                     **kwargs):
     """transformers attention (causal, sequences of equal length: specviz never pads), computed so
@@ -118,28 +127,28 @@ def exact_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     b, heads, _, d = query.shape
     kv_heads = key.shape[1]
     if batched_attention_holds(heads, kv_heads, d, query.dtype):
-        return _blocks(query, key, value, scaling, past, sliding), None
+        return _blocks(query, key, value, scaling, past, sliding, query_rows(heads, kv_heads, d, query.dtype)), None
     return _per_row(query, key, value, scaling, past, sliding), None
 
 
-def _blocks(query, key, value, scaling, past: int, sliding: int | None) -> torch.Tensor:
+def _blocks(query, key, value, scaling, past: int, sliding: int | None, min_rows: int = ROW_FLOORS[0]) -> torch.Tensor:
     """Every token of the pass in one product. The query heads that share a KV head are rows of one
     product with that KV head's keys (head h reads KV head h // rep): no copy of K and V per query
     head. Each token attends to a key span padded to a whole number of BLOCK keys, the padding and
     the keys after its own masked: a row's bits then depend neither on the rows beside it nor on how
     many keys follow its own, so a verify pass computes each token as a plain step does. Tokens
     whose spans round to different lengths (a pass crossing a BLOCK boundary) go in separate
-    products. (Without the padding the softmax's and the value product's sums change their order
+    products, each of at least ``min_rows`` query rows (zero rows added: see ROW_FLOORS). (Without the padding the softmax's and the value product's sums change their order
     with the key count; the score product is the same for any number of rows: checked at load.)"""
     b, heads, q_len, d = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     rep = heads // kv_heads
     scale = scaling if scaling is not None else d ** -0.5
     outs = []
-    for a, z, span, bias in _plan(past, q_len, sliding, rep):
+    for a, z, span, bias in _plan(past, q_len, sliding, rep, min_rows):
         q = query[:, :, a:z].reshape(b * kv_heads, rep * (z - a), d)
         rows = q.shape[1]
-        if rows < bias.shape[0]:  # a few-row product, padded with zero rows (see MIN_QUERY_ROWS)
+        if rows < bias.shape[0]:  # a few-row product, padded with zero rows (see ROW_FLOORS)
             q = F.pad(q, (0, 0, 0, bias.shape[0] - rows))
         k, v = key[:, :, :span], value[:, :, :span]
         if span > kv_len:  # keys past the cache, masked: the cache buffer's room (no copy), else zeros
@@ -171,50 +180,54 @@ def _per_row(query, key, value, scaling, past: int, sliding: int | None) -> torc
     return out.reshape(b, q_len, heads, d)
 
 
-_batched_ok: dict[tuple, bool] = {}
+_batched_ok: dict[tuple, int | None] = {}  # layout -> the row floor under which it holds (None: none)
 
 
-@torch.inference_mode()
 def batched_attention_holds(heads: int, kv_heads: int, d: int, dtype=torch.float32) -> bool:
     """Whether ``_blocks`` gives a token the same bits in passes of 1..12 tokens as alone, for this
-    head layout, dtype and thread count on this machine's kernels (checked once, on random data,
-    across block boundaries); where it does not, attention runs per row."""
+    head layout, dtype and thread count on this machine's kernels, under one of ``ROW_FLOORS``
+    (checked once, on random data, across block boundaries); where it does not, attention runs per
+    row."""
+    return query_rows(heads, kv_heads, d, dtype) is not None
+
+
+def query_rows(heads: int, kv_heads: int, d: int, dtype=torch.float32) -> int | None:
+    """The fewest query rows ``_blocks``' products must have for this layout to hold (the first of
+    ``ROW_FLOORS`` that passes the check), or None where none does."""
     key = (heads, kv_heads, d, dtype, torch.get_num_threads())
     if key not in _batched_ok:
-        gen = torch.Generator().manual_seed(1)
-        _batched_ok[key] = all(_same_bits_alone(heads, kv_heads, d, dtype, past, gen) for past in (20, 60, 250))
+        _batched_ok[key] = None
+        for floor in ROW_FLOORS:
+            gen = torch.Generator().manual_seed(1)
+            if all(_same_bits_alone(heads, kv_heads, d, dtype, past, gen, floor) for past in (20, 60, 250)):
+                _batched_ok[key] = floor
+                break
     return _batched_ok[key]
 
 
-def _same_bits_alone(heads: int, kv_heads: int, d: int, dtype, past: int, gen, rows: int = 12) -> bool:
+def _same_bits_alone(heads: int, kv_heads: int, d: int, dtype, past: int, gen, min_rows: int, rows: int = 12) -> bool:
     """Passes of 2..rows tokens after ``past`` give each token the bits it gets alone (random data)."""
     q = torch.randn(1, heads, rows, d, generator=gen, dtype=dtype)
     k, v = (torch.randn(1, kv_heads, past + rows, d, generator=gen, dtype=dtype) for _ in range(2))
-    alone = [_blocks(q[:, :, j:j + 1], k[:, :, :past + j + 1], v[:, :, :past + j + 1], None, past + j, None)[:, 0]
-             for j in range(rows)]
+    alone = [_blocks(q[:, :, j:j + 1], k[:, :, :past + j + 1], v[:, :, :past + j + 1], None, past + j, None,
+                     min_rows)[:, 0] for j in range(rows)]
     for n in range(2, rows + 1):
-        full = _blocks(q[:, :, :n], k[:, :, :past + n], v[:, :, :past + n], None, past, None)
+        full = _blocks(q[:, :, :n], k[:, :, :past + n], v[:, :, :past + n], None, past, None, min_rows)
         if not all(torch.equal(full[:, j], alone[j]) for j in range(n)):
             return False
     return True
 
 
 BLOCK = 64  # the key spans attention is padded to (a multiple of the float32 vector width)
-# The fewest query rows a product of ``_blocks`` takes: a plain step of a model whose query heads
-# share a KV head three to a group has 3, and MKL's batched GEMM on an AVX2 CPU (AMD EPYC, Zen 3)
-# takes another kernel below 4 rows, so a token alone got other bits than inside a pass (the check
-# failed there and attention ran per row). Padded with zero rows (masked nowhere: their scores are
-# finite), every product has 4 or more and takes the same kernel.
-MIN_QUERY_ROWS = 4
 _plans: dict = {}
 
 
-def _plan(past: int, q_len: int, sliding: int | None, rep: int) -> list:
+def _plan(past: int, q_len: int, sliding: int | None, rep: int, min_rows: int = ROW_FLOORS[0]) -> list:
     """The products of one pass (the same for every layer, kept for the next layers): for each run
     of tokens whose key spans round to the same length, (first row, end row, padded span, the mask
     added to its scores: -inf on the keys a row must not see, 0 elsewhere; rows in the products'
-    order, query head-major, padded to MIN_QUERY_ROWS rows)."""
-    key = (past, q_len, sliding, rep)
+    order, query head-major, padded to ``min_rows`` rows)."""
+    key = (past, q_len, sliding, rep, min_rows)
     plan = _plans.get(key)
     if plan is not None:
         return plan
@@ -230,8 +243,8 @@ def _plan(past: int, q_len: int, sliding: int | None, rep: int) -> list:
         if sliding:
             masked |= cols < end - sliding
         bias = torch.zeros(masked.shape).masked_fill_(masked, float("-inf")).repeat(rep, 1)
-        if bias.shape[0] < MIN_QUERY_ROWS:  # the padding rows see every key (their scores are finite)
-            bias = F.pad(bias, (0, 0, 0, MIN_QUERY_ROWS - bias.shape[0]))
+        if bias.shape[0] < min_rows:  # the padding rows see every key (their scores are finite)
+            bias = F.pad(bias, (0, 0, 0, min_rows - bias.shape[0]))
         plan.append((a, z, spans[a], bias))
         a = z
     if len(_plans) > 64:
