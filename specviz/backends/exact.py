@@ -126,20 +126,22 @@ def exact_attention(module, query, key, value, attention_mask, dropout=0.0, scal
         return out.transpose(1, 2).contiguous(), None
     b, heads, _, d = query.shape
     kv_heads = key.shape[1]
-    if batched_attention_holds(heads, kv_heads, d, query.dtype):
-        return _blocks(query, key, value, scaling, past, sliding, query_rows(heads, kv_heads, d, query.dtype)), None
+    rows = query_rows(heads, kv_heads, d, query.dtype)
+    if rows is not None:
+        return _blocks(query, key, value, scaling, past, sliding, rows), None
     return _per_row(query, key, value, scaling, past, sliding), None
 
 
-def _blocks(query, key, value, scaling, past: int, sliding: int | None, min_rows: int = ROW_FLOORS[0]) -> torch.Tensor:
+def _blocks(query, key, value, scaling, past: int, sliding: int | None, min_rows: int) -> torch.Tensor:
     """Every token of the pass in one product. The query heads that share a KV head are rows of one
     product with that KV head's keys (head h reads KV head h // rep): no copy of K and V per query
     head. Each token attends to a key span padded to a whole number of BLOCK keys, the padding and
     the keys after its own masked: a row's bits then depend neither on the rows beside it nor on how
     many keys follow its own, so a verify pass computes each token as a plain step does. Tokens
     whose spans round to different lengths (a pass crossing a BLOCK boundary) go in separate
-    products, each of at least ``min_rows`` query rows (zero rows added: see ROW_FLOORS). (Without the padding the softmax's and the value product's sums change their order
-    with the key count; the score product is the same for any number of rows: checked at load.)"""
+    products, each of at least ``min_rows`` query rows (zero rows added: see ROW_FLOORS). (Without
+    the padding the softmax's and the value product's sums change their order with the key count;
+    the score product is the same for any number of rows: checked at load.)"""
     b, heads, q_len, d = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     rep = heads // kv_heads
@@ -191,6 +193,7 @@ def batched_attention_holds(heads: int, kv_heads: int, d: int, dtype=torch.float
     return query_rows(heads, kv_heads, d, dtype) is not None
 
 
+@torch.inference_mode()
 def query_rows(heads: int, kv_heads: int, d: int, dtype=torch.float32) -> int | None:
     """The fewest query rows ``_blocks``' products must have for this layout to hold (the first of
     ``ROW_FLOORS`` that passes the check), or None where none does."""
@@ -222,7 +225,7 @@ BLOCK = 64  # the key spans attention is padded to (a multiple of the float32 ve
 _plans: dict = {}
 
 
-def _plan(past: int, q_len: int, sliding: int | None, rep: int, min_rows: int = ROW_FLOORS[0]) -> list:
+def _plan(past: int, q_len: int, sliding: int | None, rep: int, min_rows: int) -> list:
     """The products of one pass (the same for every layer, kept for the next layers): for each run
     of tokens whose key spans round to the same length, (first row, end row, padded span, the mask
     added to its scores: -inf on the keys a row must not see, 0 elsewhere; rows in the products'

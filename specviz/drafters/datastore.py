@@ -107,19 +107,18 @@ class Datastore:
             pos = pos[nxt == values[best]] + 1
         tokens, pos = self._list, pos.tolist()
         while len(out) < max_tokens:
-            nxt = [tokens[p] for p in pos]
-            pos = [p for p, t in zip(pos, nxt) if t != SEP]
-            if not pos:
+            live = [(p, tokens[p]) for p in pos if tokens[p] != SEP]
+            if not live:
                 break
-            counts = Counter(t for t in nxt if t != SEP)
+            counts = Counter(t for _, t in live)
             most = max(counts.values())
             token = min(t for t, c in counts.items() if c == most)
             if not out:
                 share = most / support
-            elif most * 2 < len(pos):  # no majority further on: stop here
+            elif most * 2 < len(live):  # no majority further on: stop here
                 break
             out.append(token)
-            pos = [p + 1 for p in pos if tokens[p] == token]
+            pos = [p + 1 for p, t in live if t == token]
         return Match(out, n, support, share)
 
 
