@@ -219,10 +219,12 @@ def test_fitted_head_drafts_what_the_target_writes(trained, target_model, tok):
     assert end.proposed >= 10 and end.accepted / end.proposed > 0.5, (end.accepted, end.proposed)
 
 
-@pytest.mark.parametrize("cls,seed", [(Eager, 3), (Picky, 4)])
-def test_joint_of_three_tokens_matches_target(cls, seed, trained, target_model, tok):
+@pytest.mark.parametrize("cls,seed,lookup", [(Eager, 3, False), (Picky, 4, False), (Picky, 5, True)])
+def test_joint_of_three_tokens_matches_target(cls, seed, lookup, trained, target_model, tok):
     """Sampled runs drafting from a fitted head's q (real probabilities, top-k applied): the first
-    three tokens follow the target's law, also when chain lengths depend on the head's confidence."""
+    three tokens follow the target's law, also when chain lengths depend on the head's confidence
+    and, beside lookup, when the choice of source depends on whether q's most likely token starts
+    a match."""
     target = CachedLM(target_model, len(tok))
     ids = encode_prompt(tok, "joint", True)
     sampling = JOINT
@@ -231,8 +233,8 @@ def test_joint_of_three_tokens_matches_target(cls, seed, trained, target_model, 
     head = copy.deepcopy(trained[0])
     with torch.no_grad():  # overconfident: q sharper than p, so rejections and resampling happen too
         head.n2.weight.mul_(1.6)
-    counts = sample_joint(target, lambda: drafter(cls, target_model, tok, trained=(head, trained[1])), tok, ids,
-                          sampling, 3, n, seed=seed)
+    counts = sample_joint(target, lambda: drafter(cls, target_model, tok, lookup, trained=(head, trained[1])), tok,
+                          ids, sampling, 3, n, seed=seed)
     stat, dof, p = chi_square(counts, exact, n)
     assert p > ALPHA, (stat, dof)
 
@@ -267,6 +269,54 @@ def test_cost_aware_choice(target_model, tok):
         d._bands = [band(p.q_raw[0])]
         d.observe(1, 0)
     assert d.keep_chance(band(p.q_raw[0]), first=True) < before
+
+
+def test_agreement_with_lookup_moves_the_choice_and_the_estimates(target_model, tok):
+    """Where the head's most likely first token starts a match in the prompt or output, the match's
+    continuation is proposed (the copy goes on further than the head's chain); where it differs,
+    each source's first-token chance is its own prior times the measured factor, learned apart
+    from the unconditioned one."""
+    d = drafter(HeadDrafter, target_model, tok, lookup=True)
+    target = CachedLM(target_model, len(tok))
+    ids = encode_prompt(tok, "The cat sat on the mat", True)
+    target.reset()
+    target.feed(ids[:-1], keep_logits=1)
+    d.reset(ids)
+    d.costs = [1.0] * 11
+    _, soft, _, _ = d.step(d.state(ids), ids[-1], SamplingConfig(0.0))
+    first = int(d.vocab[int(soft.argmax())])
+    other = next(t for t in range(3, 50) if t != first)
+    copy_of = [first, 11, 12, 13, 14, 15]
+    d.candidates = lambda ids, n: [(("context", 4), copy_of[:n], "4-gram match")]
+    p = d.propose(ids, 6, SamplingConfig(0.0), None)
+    assert p.tokens == copy_of[:len(p.tokens)] and p.tokens and "the head agrees" in p.reason
+    assert d._last == ("context", 4, "agree")
+    a1_agree, _ = d.estimates(("context", 4, "agree"))
+    a1_base, _ = d.estimates(("context", 4))
+    a1_differ, _ = d.estimates(("context", 4, "differ"))
+    assert a1_agree >= 0.8 > a1_base > a1_differ
+    assert a1_differ == pytest.approx(0.87 * a1_base)
+    assert d.estimates(("store", 2, "hi", "differ"))[0] == pytest.approx(0.32 * d.estimates(("store", 2, "hi"))[0])
+    d.observe(len(p.tokens), 0)  # learned for the relation's key alone
+    assert d.estimates(("context", 4, "agree"))[0] < a1_agree
+    assert d.estimates(("context", 4))[0] == a1_base
+    # a match that starts otherwise: the head's first-token chance is discounted (and learned) apart
+    d.candidates = lambda ids, n: [(("context", 4), [other, 11, 12][:n], "4-gram match")]
+    assert d.relation(first, d.candidates(ids, 3)) == "differ_context"
+    assert d.relation(first, [(("store", 2, "hi"), [other], "")]) == "differ_store"
+    assert d.relation(first, []) is None and d.relation(None, d.candidates(ids, 3)) is None
+    for b in range(len(d.BANDS)):
+        assert d.first_chance(b, "differ_context") == pytest.approx(0.64 * d.keep_chance(b, True))
+        assert d.first_chance(b, "agree") >= max(0.45, d.keep_chance(b, True)) - 1e-9
+    p = d.propose(ids, 6, SamplingConfig(0.0), None)
+    if "draft head" in p.reason:
+        assert "lookup differs" in p.reason and d._rel == "differ_context"
+        b = d._bands[0]
+        before, plain = d.first_chance(b, "differ_context"), d.keep_chance(b, True)
+        d.observe(len(p.tokens), 0)
+        assert d.first_chance(b, "differ_context") < before and d.keep_chance(b, True) == plain
+    else:
+        assert p.tokens == [other, 11, 12][:len(p.tokens)] and "differ" not in p.reason.split(",")[0]
 
 
 def test_kind_parses_checks_and_builds(tmp_path, target_model, tok):

@@ -288,6 +288,13 @@ class HeadDrafter(BandedLookupDrafter):
     PRIOR_FIRST = (0.12, 0.3, 0.5, 0.7, 0.87, 0.97)
     PRIOR_NEXT = (0.12, 0.3, 0.5, 0.7, 0.87, 0.97)
     BANDS = BANDS
+    # The first token's prior by its relation to lookup's matches, from the prior without them:
+    # measured with scripts/agreement_stats.py on held-out answers (--skip 3): where a match starts
+    # with the head's token it was kept at least 41% of the time in every band (the estimate in the
+    # lowest bands was 15-39%); where it differs from a prompt/output match, 0.64 times the estimate;
+    # where it differs from datastore matches only, 0.75 times.
+    HEAD_RELATIONS = {"agree": lambda p: max(p, 0.45), "differ_context": lambda p: 0.64 * p,
+                      "differ_store": lambda p: 0.75 * p}
 
     def __init__(self, target_model: torch.nn.Module, head: DraftHead, vocab: torch.Tensor, vocab_size: int,
                  lookup: bool = True, max_ngram: int = 4, min_ngram: int = 1, datastore=None,
@@ -312,6 +319,8 @@ class HeadDrafter(BandedLookupDrafter):
 
     def reset(self, prompt_ids: list[int]) -> None:
         super().reset(prompt_ids)
+        self._rel_kept = {rel: [[0.0, 0.0] for _ in self.BANDS] for rel in self.HEAD_RELATIONS}
+        self._rel: str | None = None  # the relation of the last head chain's first token
         self._rows: torch.Tensor | None = None  # hidden states of the latest verify pass
         self._rows_ids: list[int] = []  # the sequence it scored (row j: position start + j)
         self._start = 0
@@ -352,31 +361,76 @@ class HeadDrafter(BandedLookupDrafter):
         q = logits_to_probs(full, sampling)
         return h, soft, q, float(q.max())
 
+    def relation(self, first: int | None, found: list) -> str | None:
+        """How the head's first token relates to lookup's matches: None (no head token or no
+        match), "agree" (a match starts with it), else "differ_context" (it differs from a match
+        in the prompt or output) or "differ_store" (only from datastore matches)."""
+        if first is None or not found:
+            return None
+        if any(toks[0] == first for _, toks, _ in found):
+            return "agree"
+        return "differ_context" if any(key[0] == "context" for key, _, _ in found) else "differ_store"
+
+    def first_chance(self, b: int, rel: str | None) -> float:
+        """The chance the head's first token is kept, per band of its top probability and its
+        relation to lookup's matches (``HEAD_RELATIONS``), learned during the run."""
+        if rel is None:
+            return self.keep_chance(b, True)
+        kept, seen = self._rel_kept[rel][b]
+        prior = self.HEAD_RELATIONS[rel](self.PRIOR_FIRST[b])
+        return (kept + prior * self.PRIOR_WEIGHT) / (seen + self.PRIOR_WEIGHT)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        if self._bands and self._rel is not None:  # as the base class, the first token by relation
+            for j, b in enumerate(self._bands[:proposed]):
+                if j > accepted:
+                    break
+                stats = self._rel_kept[self._rel][b] if j == 0 else self._kept[False][b]
+                stats[1] += 1
+                stats[0] += j < accepted
+            return
+        super().observe(proposed, accepted)
+
     @torch.inference_mode()
     def propose(self, ids, max_tokens, sampling, generator) -> Proposal:
         """Lookup's best match, or a head chain where that promises more tokens per unit of cost.
 
+        The head's first step comes first: whether its most likely token is also the first token
+        of a lookup match moves both sources' estimates (where they agree, that token is kept far
+        more often than either estimate says; where they differ, less often).
+
         Every choice is made from what is known before the token it concerns is drawn: whether the
         head drafts at all and whether a chain goes on to position j depend on q_j (its top
-        probability) and on earlier tokens, never on the token drawn at j. Choosing after seeing a
-        sampled token would skew the drafted tokens away from q and the output away from p."""
+        probability and most likely token) and on earlier tokens, never on the token drawn at j.
+        Choosing after seeing a sampled token would skew the drafted tokens away from q and the
+        output away from p."""
         with Timer(torch.device("cpu")) as t:
-            best = None  # lookup's (value, g, tokens, key, reason, E)
-            if max_tokens > 0 and self.lookup:
-                for key, toks, what in self.candidates(ids, max_tokens):
-                    g, val, e, a1, ac = self.value(key, len(toks))
-                    if best is None or val > best[0]:
-                        best = (val, g, toks[:g], key, f"{what}, est. keep first {a1:.2f}, then {ac:.2f}", e)
             h = self.state(ids) if max_tokens > 0 else None
-            head_val = 0.0
+            first = None
             if h is not None:
                 h, soft, q, top = self.step(h, ids[-1], sampling)
-                a1, ac = self.keep_chance(band(top), True), self.keep_chance(band(top), False)
+                first = int(self.vocab[int(soft.argmax())])  # from q alone, before any draw
+            found = self.candidates(ids, max_tokens) if max_tokens > 0 and self.lookup else []
+            scored = []  # lookup's (value, g, tokens, key, reason, E) per source
+            for key, toks, what in found:
+                if first is not None:
+                    key = key + ("agree" if toks[0] == first else "differ",)
+                g, val, e, a1, ac = self.value(key, len(toks))
+                agree = ", the head agrees" if key[-1] == "agree" else ""
+                scored.append((val, g, toks[:g], key, f"{what}{agree}, est. keep first {a1:.2f}, then {ac:.2f}", e))
+            best = max(scored, key=lambda c: c[0], default=None)
+            rel = self.relation(first, found)
+            copy = [c for c in scored if c[3][0] == "context" and c[3][-1] == "agree" and c[1] > 0]
+            if copy:  # the head's token starts a copy from the prompt or output, which goes on further
+                best, h = copy[0], None
+            head_val = 0.0
+            if h is not None:
+                a1, ac = self.first_chance(band(top), rel), self.keep_chance(band(top), False)
                 e = 1.0
                 for g in range(1, max_tokens + 1):  # the chain's worth as judged from its first q
                     e += a1 * ac ** (g - 1)
                     head_val = max(head_val, e / self.cost(g))
-            self._last, self._bands = None, []
+            self._last, self._bands, self._rel = None, [], None
             out: list[int] = []
             q_rows: list[torch.Tensor] = []
             raw: list[float] = []
@@ -384,11 +438,12 @@ class HeadDrafter(BandedLookupDrafter):
                 reason = "no room left"
             elif h is not None and head_val > 1.0 and (best is None or best[1] == 0 or head_val > best[0]):
                 e, alive = 1.0, 1.0
+                self._rel = rel
                 for j in range(max_tokens):
                     if j:
                         h, soft, q, top = self.step(h, out[-1], sampling)
                     b = band(top)
-                    k = alive * self.keep_chance(b, first=j == 0)
+                    k = alive * (self.first_chance(b, rel) if j == 0 else self.keep_chance(b))
                     if j and (k < FLOOR or (e + k) / self.cost(j + 1) <= e / self.cost(j)):
                         break  # decided from q_j, before drawing from it
                     i = int(soft.argmax()) if q is None else int(self.index[sample(q, generator)])
@@ -398,7 +453,9 @@ class HeadDrafter(BandedLookupDrafter):
                         q_rows.append(q)
                     self._bands.append(b)
                     alive, e = k, e + k
-                reason = (f"draft head (top p {raw[0]:.2f}): proposing {len(out)} "
+                said = {"agree": ", lookup agrees", "differ_context": ", lookup differs",
+                        "differ_store": ", the datastore differs"}.get(rel or "", "")
+                reason = (f"draft head (top p {raw[0]:.2f}{said}): proposing {len(out)} "
                           f"(expects {e:.2f} tokens for {self.cost(len(out)):.2f}x a step)")
             elif best is None:
                 reason = "no head state or match: plain step"
