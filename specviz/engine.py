@@ -129,20 +129,23 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
     return [int(i) for i in ids]
 
 
-def _tops(rows: torch.Tensor, texts: TokenText, contexts: list[list[int]], n: int = TOP_N) -> list[list[list]]:
-    """Each row's top ``n`` tokens [id, text after its context, probability] (zeros left out), from
-    one top-k over all the rows."""
-    vals, idx = torch.topk(rows.float(), min(n, rows.shape[-1]), dim=-1)
-    out = []
-    for vs, ids, context in zip(vals.tolist(), idx.tolist(), contexts):
-        kept = [(i, v) for i, v in zip(ids, vs) if v > 0]
-        pieces = texts.alternatives(context, [i for i, _ in kept])
-        out.append([[i, t, round(v, 6)] for (i, v), t in zip(kept, pieces)])
-    return out
+def _tops(rows: torch.Tensor, n: int = TOP_N) -> list[list[tuple[int, float]]]:
+    """Each row's top ``n`` tokens (id, probability), zeros left out, from one top-k over the rows."""
+    vals, idx = torch.topk(rows, min(n, rows.shape[-1]), dim=-1)
+    return [[(i, round(v, 6)) for i, v in zip(ids, vs) if v > 0] for vs, ids in zip(vals.tolist(), idx.tolist())]
 
 
-def _top(probs: torch.Tensor, texts: TokenText, context: list[int], n: int = TOP_N) -> list[list]:
-    return _tops(probs[None], texts, [context], n)[0]
+def _named(tops: list[list[tuple[int, float]]], texts: TokenText, contexts: list[list[int]]) -> list[list[list]]:
+    """``_tops``' rows as [id, text after its context, probability]."""
+    return [[[i, t, v] for (i, v), t in zip(row, texts.alternatives(ctx, [i for i, _ in row]))]
+            for row, ctx in zip(tops, contexts)]
+
+
+def _correction(token: int, kind: str, p: torch.Tensor, texts: TokenText, context: list[int]) -> Correction:
+    """The target's own token, its text and its distribution's top tokens decoded on first read."""
+    (top,), tail = _tops(p[None].float()), context[-3:]
+    return Correction.later(lambda: {"text": texts.piece(tail, token), "top": _named([top], texts, [tail])[0]},
+                            token=token, kind=kind, p=float(p[token]))
 
 
 class Run:
@@ -296,37 +299,32 @@ def speculative_step(run: Run, gamma: int) -> IterationEvent:
     drafter.observe(g, k)
 
     raw = logits.softmax(dim=-1)
-    texts = run.texts
-    proposed_text = texts.pieces(context, tokens)
     run.iterations += 1
     run.proposed += g
     run.accepted += k
     run.draft_ms += proposal.draft_ms
     run.verify_ms += tv.ms
     run.positions.add(verdict.draws, k)
-    nxt = verdict.next_token
-    ctx_k = context + tokens[:k]
-    return IterationEvent(
-        index=run.iterations - 1, drafter=drafter.name, gamma=g_max,
-        reason=proposal.reason, proposed=tokens, proposed_text=proposed_text,
+    nxt, texts, tail = verdict.next_token, run.texts, context[-3:]
+    # only the positions the rule examined: the rest were conditioned on a refused token
+    tops = _tops(raw[:k + 1])
+    return IterationEvent.later(
+        lambda: {"proposed_text": texts.pieces(tail, tokens), "emitted_text": texts.pieces(tail, emitted),
+                 "target_top": _named(tops, texts, [tail + tokens[:i] for i in range(k + 1)])},
+        index=run.iterations - 1, drafter=drafter.name, gamma=g_max, reason=proposal.reason, proposed=tokens,
         q=_at(q_rows, tokens) if q_rows is not None else [1.0] * g, p=_at(p_rows, tokens),
         q_raw=list(proposal.q_raw[:g]), p_raw=_at(raw, tokens),
         accept_prob=verdict.accept_probs, draws=verdict.draws, accepted=k,
-        correction=Correction(nxt, texts.piece(ctx_k, nxt), verdict.kind if g else "sample",
-                              float(verdict.p_next[nxt]), _top(verdict.p_next, texts, ctx_k)),
-        # only the positions the rule examined: the rest were conditioned on a refused token
-        target_top=_tops(raw[:k + 1], texts, [context[-3:] + tokens[:i] for i in range(k + 1)]),
-        emitted=emitted, emitted_text=texts.pieces(context, emitted),
-        draft_ms=proposal.draft_ms, verify_ms=tv.ms, tokens_total=run.generated,
-        proposed_total=run.proposed, accepted_total=run.accepted,
-        elapsed_ms=run.clock_ms())
+        correction=_correction(nxt, verdict.kind if g else "sample", verdict.p_next, texts, tail + tokens[:k]),
+        emitted=emitted, draft_ms=proposal.draft_ms, verify_ms=tv.ms, tokens_total=run.generated,
+        proposed_total=run.proposed, accepted_total=run.accepted, elapsed_ms=run.clock_ms())
 
 
 def _at(rows: torch.Tensor, tokens: list[int]) -> list[float]:
     """rows[i, tokens[i]] for each i, as floats."""
     if not tokens:
         return []
-    return rows[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+    return rows[: len(tokens)].gather(1, torch.tensor(tokens)[:, None]).view(-1).tolist()
 
 
 def vanilla_step(run: Run) -> IterationEvent:
@@ -339,16 +337,15 @@ def vanilla_step(run: Run) -> IterationEvent:
     emitted = run.accept([tok])
     run.iterations += 1
     run.verify_ms += tv.ms
-    texts = run.texts
-    raw = logits[-1].softmax(dim=-1)
-    return IterationEvent(
+    texts, tail = run.texts, context[-3:]
+    tops = _tops(logits[-1:].softmax(dim=-1))
+    return IterationEvent.later(
+        lambda: {"proposed_text": [], "emitted_text": texts.pieces(tail, emitted),
+                 "target_top": _named(tops, texts, [tail])},
         index=run.iterations - 1, drafter="vanilla", gamma=0, reason="plain decoding",
-        proposed=[], proposed_text=[], q=[], p=[], q_raw=[], p_raw=[], accept_prob=[], draws=[],
-        accepted=0, correction=Correction(tok, texts.piece(context, tok), "sample", float(p[tok]),
-                                          _top(p, texts, context)),
-        target_top=[_top(raw, texts, context)], emitted=emitted,
-        emitted_text=texts.pieces(context, emitted), draft_ms=0.0, verify_ms=tv.ms,
-        tokens_total=run.generated, proposed_total=0, accepted_total=0,
+        proposed=[], q=[], p=[], q_raw=[], p_raw=[], accept_prob=[], draws=[], accepted=0,
+        correction=_correction(tok, "sample", p, texts, context), emitted=emitted, draft_ms=0.0,
+        verify_ms=tv.ms, tokens_total=run.generated, proposed_total=0, accepted_total=0,
         elapsed_ms=run.clock_ms())
 
 

@@ -164,6 +164,57 @@ def test_events_roundtrip_json(target_model, draft_model, tok):
     assert back.events() == events
 
 
+def test_texts_are_decoded_on_first_read_and_match_the_tokens(target_model, draft_model, tok):
+    """A run whose consumer reads only ids and numbers (the bench, a program) never calls the
+    tokenizer per iteration; the first read of any text fills all of an event's texts, which are
+    then what decoding the tokens in context gives, and copies and pickles carry them."""
+    import copy
+    import pickle
+
+    from specviz.engine import TokenText
+
+    calls = []
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.chat_template = inner, getattr(inner, "chat_template", None)
+
+        def decode(self, *a, **k):
+            calls.append(a)
+            return self.inner.decode(*a, **k)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    ids = encode_prompt(tok, "abc abc abc", True)
+    cfg = DecodeConfig(gamma=3, max_new_tokens=16)
+    for run in (lambda: speculative_decode(CachedLM(target_model, len(tok)), ModelDrafter(draft_model), Counting(tok),
+                                           ids, cfg),
+                lambda: vanilla_decode(CachedLM(target_model, len(tok)), Counting(tok), ids, cfg)):
+        events = list(run())
+        iters = events[1:-1]
+        assert len(calls) == 2  # the prompt's text and the summary's, nothing per iteration
+        assert all("_later" in e.__dict__ and "_later" in e.correction.__dict__ for e in iters)
+        texts, context = TokenText(tok), list(ids)
+        for e in iters:
+            assert e.emitted_text == texts.pieces(context, e.emitted)
+            assert "_later" not in e.__dict__ and "proposed_text" in e.__dict__
+            assert e.proposed_text == texts.pieces(context, e.proposed)
+            assert e.correction.text == texts.piece(context + e.proposed[: e.accepted], e.correction.token)
+            assert [r[1] for r in e.correction.top] == texts.alternatives(context + e.proposed[: e.accepted],
+                                                                          [r[0] for r in e.correction.top])
+            for i, row in enumerate(e.target_top):
+                assert [r[1] for r in row] == texts.alternatives(context + e.proposed[:i], [r[0] for r in row])
+            context += e.emitted
+        assert "".join(Trace.of(events).output_text) == tok.decode(events[-1].output_ids, skip_special_tokens=False)
+        calls.clear()
+    fresh = list(speculative_decode(CachedLM(target_model, len(tok)), ModelDrafter(draft_model), tok, ids, cfg))
+    for copied in (copy.deepcopy(fresh[1]), pickle.loads(pickle.dumps(fresh[1]))):
+        assert "_later" not in copied.__dict__ and copied == fresh[1]
+    with pytest.raises(AttributeError):
+        fresh[2].no_such_field
+
+
 def test_seed_reproduces_sampled_output(target_model, draft_model, tok):
     ids = encode_prompt(tok, "seeded", True)
 
