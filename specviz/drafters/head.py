@@ -376,20 +376,12 @@ class HeadDrafter(BandedLookupDrafter):
         relation to lookup's matches (``HEAD_RELATIONS``), learned during the run."""
         if rel is None:
             return self.keep_chance(b, True)
-        kept, seen = self._rel_kept[rel][b]
-        prior = self.HEAD_RELATIONS[rel](self.PRIOR_FIRST[b])
-        return (kept + prior * self.PRIOR_WEIGHT) / (seen + self.PRIOR_WEIGHT)
+        return self.chance(self._rel_kept[rel][b], self.HEAD_RELATIONS[rel](self.PRIOR_FIRST[b]))
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        if self._bands and self._rel is not None:  # as the base class, the first token by relation
-            for j, b in enumerate(self._bands[:proposed]):
-                if j > accepted:
-                    break
-                stats = self._rel_kept[self._rel][b] if j == 0 else self._kept[False][b]
-                stats[1] += 1
-                stats[0] += j < accepted
-            return
-        super().observe(proposed, accepted)
+    def counts(self, j: int, b: int) -> list[float]:
+        if j == 0 and self._rel is not None:  # the first token's counts by its relation to lookup
+            return self._rel_kept[self._rel][b]
+        return super().counts(j, b)
 
     @torch.inference_mode()
     def propose(self, ids, max_tokens, sampling, generator) -> Proposal:

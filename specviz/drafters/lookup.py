@@ -307,17 +307,25 @@ class BandedLookupDrafter(PromptLookupDrafter):
         self._bands: list[int] = []  # the bands of the last own chain (empty: lookup drafted)
 
     def keep_chance(self, b: int, first: bool = False) -> float:
-        kept, seen = self._kept[first][b]
-        prior = (self.PRIOR_FIRST if first else self.PRIOR_NEXT)[b]
+        return self.chance(self._kept[first][b], (self.PRIOR_FIRST if first else self.PRIOR_NEXT)[b])
+
+    def chance(self, stats: list[float], prior: float) -> float:
+        """A keep chance from (kept, examined) counts and a prior worth PRIOR_WEIGHT observations."""
+        kept, seen = stats
         return (kept + prior * self.PRIOR_WEIGHT) / (seen + self.PRIOR_WEIGHT)
+
+    def counts(self, j: int, b: int) -> list[float]:
+        """The (kept, examined) counts that position ``j`` of the last own chain, in band ``b``, adds to."""
+        return self._kept[j == 0][b]
 
     def observe(self, proposed: int, accepted: int) -> None:
         if self._bands:
             for j, b in enumerate(self._bands[:proposed]):
                 if j > accepted:
                     break
-                self._kept[j == 0][b][1] += 1
-                self._kept[j == 0][b][0] += j < accepted
+                stats = self.counts(j, b)
+                stats[1] += 1
+                stats[0] += j < accepted
             return
         super().observe(proposed, accepted)
 
