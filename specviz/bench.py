@@ -230,6 +230,7 @@ class Row:
     noisy: int = 0  # prompts whose repeats disagree by more than NOISY
     ratio_low: float = 0.0  # the lowest and highest per-prompt ratio
     ratio_high: float = 0.0
+    peer_baseline: float | None = None  # transformers' plain generate() time over specviz's vanilla time (totals)
 
 
 def aggregate(name: str, rs: list[PromptResult]) -> Row:
@@ -266,12 +267,13 @@ def aggregate(name: str, rs: list[PromptResult]) -> Row:
         tokens / spent if spent else 0.0,
         median([(r.vanilla_median_ms or r.vanilla_ms) / (r.spec_median_ms or r.spec_ms) for r in rs]),
         median([r.spread for r in rs]), sum(r.noisy for r in rs),
-        min(r.vanilla_ms / r.spec_ms for r in rs), max(r.vanilla_ms / r.spec_ms for r in rs))
+        min(r.vanilla_ms / r.spec_ms for r in rs), max(r.vanilla_ms / r.spec_ms for r in rs),
+        (sum(r.hf_plain_ms for r in peers) / sum(r.vanilla_ms for r in peers)) if peers else None)
 
 
 def table(rows: list[Row]) -> str:
     head = ("category", "n", "accept", "tok/iter", "van tok/s", "spec tok/s", "speedup med", "speedup tot",
-            "range", "spread", "noisy", "peer med", "peer tot", "identical", "decode x", "theory x", "cost x",
+            "range", "spread", "noisy", "peer med", "peer tot", "peer base", "identical", "decode x", "theory x", "cost x",
             "vllm med", "vllm tot", "vllm same")
     lines = []
     for r in rows:
@@ -279,7 +281,8 @@ def table(rows: list[Row]) -> str:
         lines.append((r.name, str(r.n), f(r.acceptance, "{:.1%}"), f(r.tokens_per_iteration), f(r.vanilla_tps, "{:.1f}"),
                       f(r.spec_tps, "{:.1f}"), f(r.speedup_median, "{:.2f}x"), f(r.speedup_total, "{:.2f}x"),
                       f"{r.ratio_low:.2f}-{r.ratio_high:.2f}", f(r.spread, "{:.0%}"), str(r.noisy),
-                      f(r.peer_speedup_median, "{:.2f}x"), f(r.peer_speedup_total, "{:.2f}x"), r.identical,
+                      f(r.peer_speedup_median, "{:.2f}x"), f(r.peer_speedup_total, "{:.2f}x"),
+                      f(r.peer_baseline, "{:.2f}x"), r.identical,
                       f(r.decode_speedup, "{:.2f}x"), f(r.predicted, "{:.2f}x"), f(r.cost_model, "{:.2f}x"),
                       f(r.vllm_speedup_median, "{:.2f}x"), f(r.vllm_speedup_total, "{:.2f}x"), r.vllm_identical))
     widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(head)]
@@ -387,7 +390,9 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
               f"of {repeats} repeats; med = median of per-prompt ratios, tot = total-time ratio of the minima, "
               f"range = lowest-highest per-prompt ratio; spread = median over prompts of max/min - 1 of the repeats, "
               f"noisy = prompts whose repeats differ by > {NOISY:.0%}; peer = transformers generate() with the same "
-              f"drafter over plain generate(); vllm med/tot = vLLM with its speculation"
+              f"drafter over plain generate(), peer base = plain generate()'s "
+              f"time over specviz vanilla's (totals; above 1, transformers' speedup is taken over a slower baseline); "
+              f"vllm med/tot = vLLM with its speculation"
               f"{' (' + out['vllm']['source'] + ')' if vllm is not None else ''} over vLLM without (same "
               f"prompts, same box; vllm same = vLLM speculative == vLLM plain, vLLM plain == specviz vanilla); decode x = without the shared prefill; theory x = Leviathan et al.'s "
               f"prediction from the measured per-position acceptance alpha, c, v (i.i.d. acceptance); cost x = "

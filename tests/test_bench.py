@@ -45,7 +45,7 @@ def test_bench_runs_end_to_end_with_peer(capsys, tiny_registry, prompt_file):
     assert {"copy", "writing", "coding", "mt_bench (pooled)", "overall"} <= set(rows)
     overall = rows["overall"]
     assert overall["n"] == 5 and overall["identical"] == "5/5"
-    assert overall["peer_speedup_total"] is not None  # transformers' prompt lookup ran too
+    assert overall["peer_speedup_total"] is not None and overall["peer_baseline"] > 0  # transformers ran too
     prompts = out["configs"][0]["prompts"]
     assert all(p["hf_assisted_identical"] for p in prompts)
 
@@ -68,6 +68,13 @@ def test_aggregate_ratios():
     assert row.speedup_total == pytest.approx(500 / 250)
     assert row.speedup_median == pytest.approx(2.0)
     assert row.acceptance == pytest.approx(0.5)
+    assert row.peer_baseline is None and row.peer_speedup_total is None  # no transformers runs
+    rs = [r(100.0, 50.0), r(300.0, 100.0)]
+    for x, (plain, assisted) in zip(rs, [(110.0, 100.0), (330.0, 200.0)]):
+        x.hf_plain_ms, x.hf_assisted_ms = plain, assisted
+    row = aggregate("c", rs)
+    assert row.peer_baseline == pytest.approx(440 / 400)  # transformers' plain generate() over our vanilla
+    assert row.peer_speedup_total == pytest.approx(440 / 300)
 
 
 def test_lookup_proposes_nothing_when_nothing_pays():
