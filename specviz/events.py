@@ -2,13 +2,13 @@
 (per token for vanilla decoding), one ``SummaryEvent``.  The UI, the CLI and the benchmark all
 read these; nothing downstream recomputes what the engine already knew.
 
-Every event serialises to a JSON-ready dict with an ``"event"`` field and back.
+Every event serialises to a JSON-ready dict with an ``"event"`` field and back. ``from_dict``
+validates what it reads (types, lengths, bounded sizes) field by field, since a run file may come
+from anyone: a damaged or hand-edited file gets a message that names the field, never a crash.
 
 The texts of tokens (``proposed_text``, ``emitted_text``, ``target_top``, a correction's ``text``
 and ``top``) may be left to be decoded on first read (``Later``): a front end that shows them
-pays for them, a bench or a program that reads only ids and numbers does not. ``from_dict``
-validates what it reads (types, lengths, bounded sizes) field by field, since a run file may come
-from anyone: a damaged or hand-edited file gets a message that names the field, never a crash.
+pays for them, a bench or a program that reads only ids and numbers does not.
 """
 
 from __future__ import annotations
