@@ -90,8 +90,7 @@ def main() -> None:
                 s[1] += 1
                 s[2] += a1
             if first is not None:
-                rel = ("alone" if not found else "agree" if any(t[0] == first for _, t, _ in found)
-                       else "differ_context" if any(k[0] == "context" for k, _, _ in found) else "differ_store")
+                rel = drafter.relation(first, found) or "alone"  # the drafter's own rule
                 s = head[rel]
                 s[0] += first == truth
                 s[1] += 1
