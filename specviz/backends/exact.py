@@ -117,12 +117,16 @@ def exact_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     past = kv_len - q_len
     sliding = getattr(module, "sliding_window", None)
     if q_len > MAX_ROWS:  # a long prefill: not a pass that verify and plain steps share
+        gqa = key.shape[1] != query.shape[1]
+        if past == 0 and not sliding:  # a fresh prompt: torch's causal kernel skips the masked half
+            out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa)
+            return out.transpose(1, 2).contiguous(), None
         cols = torch.arange(kv_len, device=query.device)[None, :]
         last = past + torch.arange(q_len, device=query.device)[:, None]
         allowed = cols <= last
         if sliding:
             allowed &= cols > last - sliding
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling, enable_gqa=gqa)
         return out.transpose(1, 2).contiguous(), None
     b, heads, _, d = query.shape
     kv_heads = key.shape[1]
