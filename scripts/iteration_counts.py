@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--prompts", required=True, help="a Spec-Bench style .jsonl")
     ap.add_argument("--limit", type=int, default=2, help="prompts per category")
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N of each category")
+    ap.add_argument("--categories", default=None, help="comma-separated categories (default: all)")
     ap.add_argument("--gamma", type=int, default=None, help="default: the pair's")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--costs", default=None, help="pin the cost profile ('reference', a JSON list, a saved run): "
@@ -41,7 +42,8 @@ def main() -> None:
     pipe.warm_up()
     gamma = args.gamma or pipe.gamma
     cfg = DecodeConfig.from_settings(gamma, 0.0, 0, 1.0, args.max_new_tokens, 0, load_costs(args.costs))
-    rows = load_prompts(args.prompts, limit=args.limit, skip=args.skip)
+    rows = load_prompts(args.prompts, limit=args.limit, skip=args.skip,
+                      categories=args.categories.split(",") if args.categories else None)
     its = toks = 0
     draft_ms = verify_ms = 0.0
     for row in rows:
