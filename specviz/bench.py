@@ -330,6 +330,12 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
     repeats = getattr(args, "repeats", 1)
     if repeats < 1:
         raise SpecvizError(f"--repeats must be >= 1, got {repeats}")
+    progress = None
+    if getattr(args, "progress", None):
+        try:
+            progress = open(args.progress, "a", encoding="utf-8")
+        except OSError as e:
+            raise SpecvizError(f"--progress: cannot write {args.progress}: {e.strerror or e}") from None
     others = list(others or [])
     try:
         from tqdm import tqdm
@@ -355,8 +361,16 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
             results.append(run_prompt(pipe, row, g, t, args.max_new_tokens, args.seed, not args.no_peer,
                                       chat=not args.no_chat, costs=costs, repeats=repeats, others=others,
                                       vllm=vllm, own_gamma=not args.gamma))
+            if progress is not None:
+                for p, r in zip([pipe] + others, results[-1]):
+                    progress.write(json.dumps({"pair": p.name, "gamma": r.gamma, "temperature": t,
+                                               **asdict(r), "noisy": r.noisy}) + "\n")
+                progress.flush()
             if bar:
                 bar.update(1)
+                r = results[-1][0]
+                bar.set_postfix_str(f"{r.category} {r.id}: {r.vanilla_ms / r.spec_ms:.2f}x"
+                                    + (f", transformers {r.hf_plain_ms / r.hf_assisted_ms:.2f}x" if r.hf_assisted_ms else ""))
         for i, p in enumerate([pipe] + others):
             mine = [r[i] for r in results]
             rows = summarize(mine)
@@ -379,6 +393,8 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
                 if noisy:
                     print(f"  noisy (repeats differ by > {NOISY:.0%}): " + ", ".join(
                         f"{r.id} ({r.spread:.0%})" for r in noisy))
+    if progress is not None:
+        progress.close()
     out["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     if bar:
         bar.close()

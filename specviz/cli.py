@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vLLM's drafting for a lookup pair: its n-gram proposer, or suffix decoding "
                         "(arctic-inference; the cache of past answers off, since prompts repeat)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each prompt, interleaved; the minimum counts")
+    p.add_argument("--progress", metavar="FILE",
+                   help="append each prompt's result to FILE as a JSON line as soon as it is measured "
+                        "(a long bench that is stopped keeps what it measured)")
     p.add_argument("--compare", nargs="+", default=[], metavar="PAIR",
                    help="other pairs over the same target, run in the same rotation against the same vanilla runs, "
                         "each at its own gamma (all at --gamma where given)")

@@ -166,3 +166,25 @@ def test_bench_rejects_bad_repeats_and_compare(capsys, tiny_registry, prompt_fil
     assert main(base + ["--repeats", "0"]) == 2
     assert "repeats" in capsys.readouterr().err
     assert main(base + ["--compare", "nope"]) == 2
+
+
+def test_bench_progress_file_gets_a_line_per_prompt_as_measured(capsys, tiny_registry, prompt_file, tmp_path):
+    """--progress appends each prompt's result as a JSON line when it is measured (a stopped bench
+    keeps them), the same numbers as the final JSON's per-prompt results."""
+    path = tmp_path / "progress.jsonl"
+    code = main(["bench", "--models", str(tiny_registry), "--pair", "tiny-lookup", "--prompts", str(prompt_file),
+                 "--limit", "1", "--max-new-tokens", "8", "--gamma", "3", "--repeats", "2",
+                 "--progress", str(path), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert code == 0 and len(lines) == 3
+    final = out["configs"][0]["prompts"]
+    assert [x["id"] for x in lines] == [p["id"] for p in final]
+    for x, p in zip(lines, final):
+        assert x["pair"] == "tiny-lookup" and x["gamma"] == 3
+        assert x["vanilla_runs_ms"] == p["vanilla_runs_ms"] and x["spec_ms"] == p["spec_ms"]
+        assert x["hf_assisted_ms"] == p["hf_assisted_ms"] and x["noisy"] == p["noisy"]
+    assert main(["bench", "--models", str(tiny_registry), "--pair", "tiny-lookup", "--prompts", str(prompt_file),
+                 "--limit", "1", "--max-new-tokens", "4", "--no-peer",
+                 "--progress", str(tmp_path / "no" / "such" / "dir.jsonl")]) == 2
+    assert "--progress" in capsys.readouterr().err
