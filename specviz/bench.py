@@ -301,6 +301,20 @@ def summarize(results: list[PromptResult]) -> list[Row]:
     return rows
 
 
+def _record(r: PromptResult) -> dict:
+    """One prompt's result as the JSON output and ``--progress`` write it."""
+    return dict(asdict(r), noisy=r.noisy)
+
+
+def _append(path: str, records: list[dict]) -> None:
+    """Append JSON lines to ``path`` (opened per prompt: what is measured is on disk at once)."""
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(x) + "\n" for x in records)
+    except OSError as e:
+        raise SpecvizError(f"--progress: cannot write {path}: {e.strerror or e}") from None
+
+
 def machine() -> dict:
     """What the numbers were measured on: CPU, threads, versions, and how busy the machine was."""
     cpu = platform.processor() or platform.machine()
@@ -330,12 +344,9 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
     repeats = getattr(args, "repeats", 1)
     if repeats < 1:
         raise SpecvizError(f"--repeats must be >= 1, got {repeats}")
-    progress = None
-    if getattr(args, "progress", None):
-        try:
-            progress = open(args.progress, "a", encoding="utf-8")
-        except OSError as e:
-            raise SpecvizError(f"--progress: cannot write {args.progress}: {e.strerror or e}") from None
+    progress = getattr(args, "progress", None)
+    if progress:
+        _append(progress, [])  # unwritable: say so now, not after the first prompt
     others = list(others or [])
     try:
         from tqdm import tqdm
@@ -361,11 +372,9 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
             results.append(run_prompt(pipe, row, g, t, args.max_new_tokens, args.seed, not args.no_peer,
                                       chat=not args.no_chat, costs=costs, repeats=repeats, others=others,
                                       vllm=vllm, own_gamma=not args.gamma))
-            if progress is not None:
-                for p, r in zip([pipe] + others, results[-1]):
-                    progress.write(json.dumps({"pair": p.name, "gamma": r.gamma, "temperature": t,
-                                               **asdict(r), "noisy": r.noisy}) + "\n")
-                progress.flush()
+            if progress:
+                _append(progress, [dict(pair=p.name, **_record(r))
+                                   for p, r in zip([pipe] + others, results[-1])])
             if bar:
                 bar.update(1)
                 r = results[-1][0]
@@ -376,7 +385,7 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
             rows = summarize(mine)
             pg = mine[0].gamma  # what run_prompt ran this pair at
             out["configs"].append({"pair": p.name, "gamma": pg, "temperature": t, "rows": [asdict(r) for r in rows],
-                                   "prompts": [dict(asdict(r), noisy=r.noisy) for r in mine]})
+                                   "prompts": [_record(r) for r in mine]})
             if not args.json:
                 if bar:
                     bar.clear()
@@ -393,8 +402,6 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
                 if noisy:
                     print(f"  noisy (repeats differ by > {NOISY:.0%}): " + ", ".join(
                         f"{r.id} ({r.spread:.0%})" for r in noisy))
-    if progress is not None:
-        progress.close()
     out["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     if bar:
         bar.close()
