@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampling import sample, uniform
+from .sampling import SamplingConfig, argmax, logits_to_probs, sample, uniform
 
 
 @dataclass
@@ -29,7 +29,16 @@ class Verdict:
     draws: list[float | None]  # the uniform draw of each examined proposal, None after a rejection
     next_token: int  # the resampled token (after a rejection) or the bonus token
     kind: str  # "resample" | "bonus"
-    p_next: torch.Tensor = field(repr=False)  # the distribution next_token was drawn from
+    p_given: torch.Tensor | None = field(repr=False)  # p_next, or None where that is one-hot (greedy)
+    vocab: int = 0  # the one-hot p_next's length
+
+    @property
+    def p_next(self) -> torch.Tensor:
+        """The distribution next_token was drawn from (a greedy one built on first read)."""
+        if self.p_given is None:
+            self.p_given = torch.zeros(self.vocab)
+            self.p_given[self.next_token] = 1.0
+        return self.p_given
 
 
 def acceptance_probability(p_x: float, q_x: float) -> float:
@@ -91,3 +100,36 @@ def verify(
         return Verdict(i, accept_probs, draws, sample(r, generator), "resample", r)
     p_bonus = p_rows[gamma]
     return Verdict(gamma, accept_probs, draws, sample(p_bonus, generator), "bonus", p_bonus)
+
+
+def verify_greedy(proposed: list[int], best: list[int], vocab: int, generator: torch.Generator | None) -> Verdict:
+    """``verify`` where every p row is one-hot (greedy) and q is one-hot (``q_rows=None``), from each
+    row's argmax ``best`` (gamma + 1 of them) alone: the same verdict, coins and generator state as
+    ``verify`` gives on the one-hot rows (tested against it), without building those rows over the
+    whole vocabulary. p(x) is 1 where the draft agrees with the argmax and 0 elsewhere, so a kept
+    token's coin always lands under 1 and a refused one's never under 0: the proposals up to the
+    first disagreement are examined, and their coins are drawn in one call (the same numbers as one
+    call each); the resampled or bonus token is that row's argmax."""
+    gamma = len(proposed)
+    assert len(best) == gamma + 1, (len(best), gamma)
+    accept_probs = [1.0 if x == b else 0.0 for x, b in zip(proposed, best)]
+    k = next((i for i, a in enumerate(accept_probs) if a == 0.0), gamma)
+    examined = min(k + 1, gamma)
+    coins = torch.rand(examined, generator=generator, dtype=torch.float64).tolist() if examined else []
+    draws: list[float | None] = coins + [None] * (gamma - examined)
+    return Verdict(k, accept_probs, draws, best[k], "resample" if k < gamma else "bonus", None, vocab)
+
+
+def verify_logits(proposed: list[int], logits: torch.Tensor, q_rows: torch.Tensor | None,
+                  sampling: SamplingConfig, generator: torch.Generator | None) -> tuple[Verdict, list[float]]:
+    """The rule on the target's logits for ``proposed`` and the token after them ((gamma + 1, V)):
+    p = ``logits_to_probs(logits, sampling)``, then ``verify``. Returns the verdict and p at each
+    proposed token. Under greedy with a one-hot q, through ``verify_greedy`` on the rows' argmaxes."""
+    if sampling.greedy and q_rows is None:
+        best = argmax(logits.float()).view(-1).tolist()
+        verdict = verify_greedy(proposed, best, logits.shape[-1], generator)
+        return verdict, [1.0 if x == b else 0.0 for x, b in zip(proposed, best)]
+    p_rows = logits_to_probs(logits, sampling)
+    p_at = p_rows[: len(proposed)].gather(1, torch.tensor(proposed, dtype=torch.long)[:, None]).view(-1).tolist() \
+        if proposed else []
+    return verify(proposed, p_rows, q_rows, generator), p_at

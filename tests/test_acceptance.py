@@ -132,3 +132,32 @@ def test_one_hot_p_rejection_gives_what_the_residual_gives():
     v = verify([7, 4], p, None, make_generator(0))
     assert v.accepted == 1 and v.next_token in (11, 12)
     assert torch.equal(v.p_next, residual(p[1], one_hot(4, p[1])).float())
+
+
+def test_greedy_verdict_from_argmaxes_is_the_full_rules():
+    """``verify_logits`` under greedy with a one-hot q takes the argmaxes alone (``verify_greedy``):
+    the same verdict as ``verify`` on the one-hot rows, coins and generator state included, on
+    logits with agreeing, refused and tied proposals, and lengths 0..5."""
+    from specviz.acceptance import verify_logits
+    from specviz.sampling import SamplingConfig, logits_to_probs
+
+    greedy = SamplingConfig(0.0)
+    g = torch.Generator().manual_seed(3)
+    seen = set()
+    for trial in range(200):
+        gamma = trial % 6
+        logits = torch.randn(gamma + 1, 50, generator=g)
+        if trial % 7 == 0:
+            logits[:, 11] = logits[:, 12] = logits.max() + 1  # a tie: the first index is the argmax
+        best = logits.argmax(-1).tolist()
+        proposed = [b if torch.rand((), generator=g) < 0.7 else (b + 1) % 50 for b in best[:gamma]]
+        fast_gen, full_gen = make_generator(trial), make_generator(trial)
+        fast, p_at = verify_logits(proposed, logits, None, greedy, fast_gen)
+        full = verify(proposed, logits_to_probs(logits, greedy), None, full_gen)
+        assert (fast.accepted, fast.accept_probs, fast.draws, fast.next_token, fast.kind) == \
+            (full.accepted, full.accept_probs, full.draws, full.next_token, full.kind)
+        assert torch.equal(fast.p_next, full.p_next) and fast.p_next.dtype == full.p_next.dtype
+        assert p_at == [float(logits_to_probs(logits, greedy)[i, x]) for i, x in enumerate(proposed)]
+        assert torch.equal(fast_gen.get_state(), full_gen.get_state())
+        seen.add((fast.kind, fast.accepted == gamma))
+    assert {("bonus", True), ("resample", False)} <= seen
