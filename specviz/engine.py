@@ -19,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-from .acceptance import verify
+from .acceptance import verify_logits
 from .backends.base import Target
 from .drafters.base import Drafter
 from .errors import SpecvizError
@@ -141,11 +141,58 @@ def _named(tops: list[list[tuple[int, float]]], texts: TokenText, contexts: list
             for row, ctx in zip(tops, contexts)]
 
 
-def _correction(token: int, kind: str, p: torch.Tensor, texts: TokenText, context: list[int]) -> Correction:
-    """The target's own token, its text and its distribution's top tokens decoded on first read."""
-    (top,), tail = _tops(p[None].float()), context[-3:]
+class RawStats:
+    """What the inspector shows of the target's raw distribution (its softmax at temperature 1):
+    per iteration, the top tokens of the rows the rule examined and the probability of each proposed
+    token. Nothing in decoding needs them, and right after a target pass a softmax, a top-k and a
+    gather over its logits cost ~0.5 ms (their code and data pushed out of the caches by the pass's
+    weights: scripts/cold_ops.py), about 1% of an iteration. So an iteration keeps its logits and
+    computes them when its event is first read (a consumer's time, as its texts are); those still
+    unread when the run ends are computed after its clock stops, and no more than ``MAX_ROWS`` rows
+    (~200 MB for a 49k vocabulary) are kept unread at once: beyond that the oldest are computed then."""
+
+    MAX_ROWS = 1024
+
+    def __init__(self):
+        self.pending: dict[int, dict] = {}  # insertion order: oldest first
+        self.rows = 0
+
+    def add(self, logits: torch.Tensor, n_top: int, tokens: list[int]) -> dict:
+        """Keep ``logits`` (its first ``n_top`` rows get top tokens; ``tokens[i]`` is read from row i)."""
+        slot = {"logits": logits, "n_top": n_top, "tokens": list(tokens)}
+        self.pending[id(slot)] = slot
+        self.rows += logits.shape[0]
+        while self.rows > self.MAX_ROWS:
+            self._compute(next(iter(self.pending.values())))
+        return slot
+
+    def get(self, slot: dict) -> tuple[list, list[float]]:
+        """(top tokens per examined row, p at each proposed token) of one iteration."""
+        if "tops" not in slot:
+            self._compute(slot)
+        return slot["tops"], slot["p_raw"]
+
+    def flush(self) -> None:
+        for slot in list(self.pending.values()):
+            self._compute(slot)
+
+    def _compute(self, slot: dict) -> None:
+        logits = slot.pop("logits")
+        self.pending.pop(id(slot), None)
+        self.rows -= logits.shape[0]
+        raw = logits.float().softmax(dim=-1)
+        slot["tops"] = _tops(raw[: slot["n_top"]])
+        slot["p_raw"] = _at(raw, slot["tokens"])
+
+
+def _correction(token: int, kind: str, p: torch.Tensor, texts: TokenText, context: list[int],
+                one_hot: bool = False) -> Correction:
+    """The target's own token, its text and its distribution's top tokens decoded on first read.
+    ``one_hot``: p is one-hot on ``token`` (greedy), so that is its only top token (no top-k over it)."""
+    top = [(token, 1.0)] if one_hot else _tops(p[None].float())[0]
+    tail = context[-3:]
     return Correction.later(lambda: {"text": texts.piece(tail, token), "top": _named([top], texts, [tail])[0]},
-                            token=token, kind=kind, p=float(p[token]))
+                            token=token, kind=kind, p=1.0 if one_hot else float(p[token]))
 
 
 class Run:
@@ -178,6 +225,7 @@ class Run:
         self.stop_reason = ""
         self.prefill_ms = 0.0
         self.costs: dict = {}
+        self.stats = RawStats()  # the inspector's raw probabilities, computed when read
         self.paused = 0.0  # seconds the consumer held the stream between events (not ours to count)
         self.t0 = time.perf_counter()
 
@@ -287,10 +335,9 @@ def speculative_step(run: Run, gamma: int) -> IterationEvent:
     # 2. one target pass over the pending token(s) + the proposals
     with target.timer() as tv:
         logits = target.feed(context[target.cached:] + tokens, keep_logits=g + 1)
-    p_rows = logits_to_probs(logits, sampling)
     drafter.harvest(context + tokens, logits)  # the rows just computed, for drafters that learn from them
-    # 3. accept / reject / resample or bonus
-    verdict = verify(tokens, p_rows, q_rows, gen)
+    # 3. accept / reject / resample or bonus, on p = logits_to_probs(logits, sampling)
+    verdict, p_at = verify_logits(tokens, logits, q_rows, sampling, gen)
     k = verdict.accepted
     emitted = run.accept(tokens[:k] + [verdict.next_token])
     # 4. roll back: keep the context and the kept proposals; the last emitted token is pending
@@ -298,7 +345,6 @@ def speculative_step(run: Run, gamma: int) -> IterationEvent:
     drafter.commit(run.ids)
     drafter.observe(g, k)
 
-    raw = logits.softmax(dim=-1)
     run.iterations += 1
     run.proposed += g
     run.accepted += k
@@ -306,16 +352,22 @@ def speculative_step(run: Run, gamma: int) -> IterationEvent:
     run.verify_ms += tv.ms
     run.positions.add(verdict.draws, k)
     nxt, texts, tail = verdict.next_token, run.texts, context[-3:]
-    # only the positions the rule examined: the rest were conditioned on a refused token
-    tops = _tops(raw[:k + 1])
+    # top tokens only at the positions the rule examined: the rest were conditioned on a refused token
+    stats, slot = run.stats, run.stats.add(logits, k + 1, tokens)
+
+    def fill() -> dict:
+        tops, p_raw = stats.get(slot)
+        return {"proposed_text": texts.pieces(tail, tokens), "emitted_text": texts.pieces(tail, emitted),
+                "target_top": _named(tops, texts, [tail + tokens[:i] for i in range(k + 1)]), "p_raw": p_raw}
+
     return IterationEvent.later(
-        lambda: {"proposed_text": texts.pieces(tail, tokens), "emitted_text": texts.pieces(tail, emitted),
-                 "target_top": _named(tops, texts, [tail + tokens[:i] for i in range(k + 1)])},
+        fill,
         index=run.iterations - 1, drafter=drafter.name, gamma=g_max, reason=proposal.reason, proposed=tokens,
-        q=_at(q_rows, tokens) if q_rows is not None else [1.0] * g, p=_at(p_rows, tokens),
-        q_raw=list(proposal.q_raw[:g]), p_raw=_at(raw, tokens),
+        q=_at(q_rows, tokens) if q_rows is not None else [1.0] * g, p=p_at,
+        q_raw=list(proposal.q_raw[:g]),
         accept_prob=verdict.accept_probs, draws=verdict.draws, accepted=k,
-        correction=_correction(nxt, verdict.kind if g else "sample", verdict.p_next, texts, tail + tokens[:k]),
+        correction=_correction(nxt, verdict.kind if g else "sample", verdict.p_next, texts, tail + tokens[:k],
+                               one_hot=sampling.greedy),
         emitted=emitted, draft_ms=proposal.draft_ms, verify_ms=tv.ms, tokens_total=run.generated,
         proposed_total=run.proposed, accepted_total=run.accepted, elapsed_ms=run.clock_ms())
 
@@ -338,13 +390,14 @@ def vanilla_step(run: Run) -> IterationEvent:
     run.iterations += 1
     run.verify_ms += tv.ms
     texts, tail = run.texts, context[-3:]
-    tops = _tops(logits[-1:].softmax(dim=-1))
+    stats, slot = run.stats, run.stats.add(logits[-1:], 1, [])
     return IterationEvent.later(
         lambda: {"proposed_text": [], "emitted_text": texts.pieces(tail, emitted),
-                 "target_top": _named(tops, texts, [tail])},
+                 "target_top": _named(stats.get(slot)[0], texts, [tail])},
         index=run.iterations - 1, drafter="vanilla", gamma=0, reason="plain decoding",
         proposed=[], q=[], p=[], q_raw=[], p_raw=[], accept_prob=[], draws=[], accepted=0,
-        correction=_correction(tok, "sample", p, texts, context), emitted=emitted, draft_ms=0.0,
+        correction=_correction(tok, "sample", p, texts, context, one_hot=run.cfg.sampling.greedy), emitted=emitted,
+        draft_ms=0.0,
         verify_ms=tv.ms, tokens_total=run.generated, proposed_total=0, accepted_total=0,
         elapsed_ms=run.clock_ms())
 
@@ -360,7 +413,9 @@ def _decode(run: Run, step) -> Iterator:
         if run.stop_reason:
             break
         events = [step(run)]
-    yield run.summary()
+    summary = run.summary()
+    run.stats.flush()  # after the clock stopped (display, not decoding): no event holds logits after the run
+    yield summary
 
 
 def speculative_decode(target: Target, drafter: Drafter, tokenizer, prompt_ids: list[int],

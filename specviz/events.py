@@ -26,8 +26,9 @@ class Later:
 
     Decoding a token's text is a tokenizer call per piece (~1 ms an iteration of 2-10 tokens and
     their top alternatives, on a 2-core CPU, against a ~50 ms target pass); nothing in decoding
-    itself needs them. Equality, ``asdict``, copies and pickles all see every field (they read
-    them, or ``__getstate__`` fills them first)."""
+    itself needs them; nor the target's raw probabilities the inspector shows (``RawStats`` in the
+    engine computes them for several iterations at once). Equality, ``asdict``, copies and pickles
+    all see every field (they read them, or ``__getstate__`` fills them first)."""
 
     @classmethod
     def later(cls, fill: Callable[[], dict], **now):

@@ -362,3 +362,52 @@ def test_early_exit_view_shares_weights(target_model):
     assert view.model.layers[0] is target_model.model.layers[0]
     with pytest.raises(SpecvizError, match="early-exit"):
         early_exit_view(target_model, 4)
+
+
+@pytest.mark.parametrize("cap", [1024, 3])
+def test_raw_probabilities_are_the_softmax_of_the_pass_whenever_read(cap, target_model, draft_model, tok,
+                                                                     monkeypatch):
+    """The inspector's p_raw and target_top are computed from the verify pass's logits when first
+    read, or after the run for those never read, or early when more than RawStats.MAX_ROWS rows
+    wait: whichever, they are the target's softmax at T=1 at those positions, and after the run no
+    event holds logits."""
+    from specviz.engine import RawStats
+
+    monkeypatch.setattr(RawStats, "MAX_ROWS", cap)
+    target = CachedLM(target_model, len(tok))
+    ids = encode_prompt(tok, "abc abc abc", True)
+    cfg = DecodeConfig(gamma=4, max_new_tokens=24, sampling=SamplingConfig(0.8), seed=5)
+    stream = speculative_decode(target, ModelDrafter(draft_model), tok, ids, cfg)
+    events = []
+    for i, ev in enumerate(stream):
+        if i == 2 and cap > 100:
+            assert list(gc_slots([ev]))  # unread, mid-run: its logits wait
+        if i == 3:
+            ev.p_raw  # one read as it streams, the rest left for the run's end
+        events.append(ev)
+    iters = events[1:-1]
+    assert not any(s for s in gc_slots(iters))
+    context = list(ids)
+    for e in iters:
+        seq = context + e.proposed
+        with torch.no_grad():
+            raw = target_model(torch.tensor([seq])).logits[0].float().softmax(-1)
+        rows = raw[len(context) - 1:]
+        assert torch.allclose(torch.tensor(e.p_raw), rows[range(len(e.proposed)), e.proposed], atol=1e-5)
+        assert len(e.target_top) == e.accepted + 1
+        for row, top in zip(rows, e.target_top):
+            want_p, want_id = row.topk(len(top))
+            assert [t[0] for t in top] == want_id.tolist()
+            assert torch.allclose(torch.tensor([t[2] for t in top]), want_p, atol=1e-5)
+        context += e.emitted
+
+
+def gc_slots(iters):
+    """The logits any event's pending raw statistics still hold (none after a finished run)."""
+    for e in iters:
+        later = e.__dict__.get("_later")
+        cells = getattr(later, "__closure__", None) or ()
+        for c in cells:
+            v = c.cell_contents
+            if isinstance(v, dict) and "logits" in v:
+                yield v["logits"]
