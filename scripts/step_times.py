@@ -1,7 +1,8 @@
 """Where a speculative iteration's time goes, timed inside real runs (greedy, the default pair):
-the target's pass (prefills included), the drafter and its head steps, lookup, verification, the KV crop, per
-iteration. One run per prompt and no repeats: it says where the time went, not a speedup (the bench
-measures that). The cost profile is pinned so that the drafting choices match from run to run.
+the target's pass (prefills included), the drafter and its head steps, lookup, verification, the
+KV crop, per iteration. One run per prompt and no repeats: it says where the time went, not a
+speedup (the bench measures that). The cost profile is pinned so that the drafting choices match
+from run to run.
 
     python scripts/step_times.py --prompts ../shared/prompts/specbench-dev.jsonl --limit 1
 """
