@@ -13,11 +13,12 @@ iteration pays outside its pass (drafting, bookkeeping, events). The bench's spe
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from count_args import counting_parser  # noqa: E402
 
 from specviz.bench import load_prompts  # noqa: E402
 from specviz.costs import load_costs  # noqa: E402
@@ -59,15 +60,10 @@ def units(passes: list[tuple[int, int]], v: tuple[float, ...]) -> tuple[int, flo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = counting_parser(__doc__, limit=3)
     ap.add_argument("--pair", default=None, help="a pair of models.yaml (default: the registry's default)")
-    ap.add_argument("--prompts", required=True, help="a Spec-Bench style .jsonl")
-    ap.add_argument("--limit", type=int, default=3, help="prompts per category")
-    ap.add_argument("--skip", type=int, default=0, help="leave out the first N of each category")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--gamma", type=int, default=None, help="proposals at most, both sides (default: the pair's; "
                     "the bench gives transformers the pair's gamma too)")
-    ap.add_argument("--costs", required=True, help="the cost profile v(g) as a JSON list (or 'reference', a saved run)")
     args = ap.parse_args()
     pipe = build_pipeline(load_registry(), pair=args.pair)
     v = load_costs(args.costs)

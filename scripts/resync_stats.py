@@ -15,11 +15,12 @@ overall and right after a lookup copy was cut short.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from count_args import counting_parser  # noqa: E402
 
 from specviz.bench import load_prompts  # noqa: E402
 from specviz.costs import load_costs  # noqa: E402
@@ -48,12 +49,7 @@ def kept(cand: list[int], answer: list[int]) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompts", required=True, help="a Spec-Bench style .jsonl")
-    ap.add_argument("--limit", type=int, default=3, help="prompts per category")
-    ap.add_argument("--skip", type=int, default=0, help="leave out the first N of each category")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--costs", required=True, help="the cost profile v(g) as a JSON list (or 'reference')")
+    ap = counting_parser(__doc__, limit=3)
     args = ap.parse_args()
     pipe = build_pipeline(load_registry())
     cfg = DecodeConfig.from_settings(pipe.gamma, 0.0, 0, 1.0, args.max_new_tokens, 0, load_costs(args.costs))

@@ -17,11 +17,12 @@ key span without its siblings in the exact attention, and a KV fix-up when it wi
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from count_args import counting_parser  # noqa: E402
 
 from specviz.bench import load_prompts  # noqa: E402
 from specviz.costs import load_costs  # noqa: E402
@@ -33,12 +34,7 @@ from specviz.registry import load_registry  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompts", required=True, help="a Spec-Bench style .jsonl")
-    ap.add_argument("--limit", type=int, default=1, help="prompts per category")
-    ap.add_argument("--skip", type=int, default=0, help="leave out the first N of each category")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--costs", required=True, help="the cost profile v(g) as a JSON list (or 'reference')")
+    ap = counting_parser(__doc__, limit=1)
     args = ap.parse_args()
     pipe = build_pipeline(load_registry())
     if not isinstance(pipe.drafter, HeadDrafter):
