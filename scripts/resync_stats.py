@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from count_args import counting_parser  # noqa: E402
+from lookup_stats import kept_prefix  # noqa: E402
 
 from specviz.bench import load_prompts  # noqa: E402
 from specviz.costs import load_costs  # noqa: E402
@@ -30,22 +31,15 @@ from specviz.registry import load_registry  # noqa: E402
 from specviz.trace import Trace  # noqa: E402
 
 
-def resync(seq: list[int], gamma: int, max_n: int = 4) -> tuple[list[int], int]:
-    """(candidate, n): the continuation past a substitution of ``seq``'s last token, or ([], 0)."""
+def resync(seq: list[int], gamma: int, max_n: int = 4) -> list[int]:
+    """The continuation past a substitution of ``seq``'s last token, or []."""
     end = len(seq) - 1  # the n-gram ends before the last token
     for n in range(min(max_n, end - 1), 1, -1):
         tail = seq[end - n:end]
         for j in range(end - 1, n - 1, -1):  # j: the token that followed an earlier occurrence
             if seq[j - n:j] == tail and seq[j] != seq[-1] and j + 1 < len(seq):
-                return seq[j + 1:j + 1 + gamma], n
-    return [], 0
-
-
-def kept(cand: list[int], answer: list[int]) -> int:
-    k = 0
-    while k < len(cand) and k < len(answer) and cand[k] == answer[k]:
-        k += 1
-    return k
+                return seq[j + 1:j + 1 + gamma]
+    return []
 
 
 def main() -> None:
@@ -63,9 +57,9 @@ def main() -> None:
         cat = per_cat.setdefault(row["category"], [0, 0])
         for e in tr.iterations:
             got = len(e.emitted)
-            cand, _ = resync(ids + answer[:done], pipe.gamma)
+            cand = resync(ids + answer[:done], pipe.gamma)
             if cand:
-                k = kept(cand, answer[done:])
+                k = kept_prefix(cand, answer[done:])
                 gain = max(0, k + 1 - got)
                 cut = prev is not None and "gram match" in prev.reason and len(prev.emitted) <= len(prev.proposed)
                 for key in ("any", "after a cut copy") if cut else ("any",):
