@@ -342,3 +342,28 @@ def test_kind_parses_checks_and_builds(tmp_path, target_model, tok):
     d = HeadKind().build(spec, Loaded, None)
     assert d.PRIOR_FIRST == (0.4,) * 6 and d.describe()["kind"] == "head"
     assert d.describe()["head_products"] == ("int8" if d.out_rows.int8 else "float16")
+
+
+def test_a_bfloat16_target_drafts_with_its_head_too(target_model, tok):
+    """GPUs run bfloat16 (the app's default there): the head (float32) reads a bfloat16 target's
+    hidden states and embedding, proposes greedy and sampled tokens with a real q, and greedy output
+    equals vanilla decoding's of the same bfloat16 target, or parts from it only at a bfloat16 near tie."""
+    from specviz.exactness import compare
+
+    model = copy.deepcopy(target_model).to(torch.bfloat16)
+    target = CachedLM(model, len(tok))
+    assert target.describe()["dtype"] == "bfloat16"
+    proposed = 0
+    for prompt in PROMPTS[:3]:
+        ids = encode_prompt(tok, prompt, True)
+        cfg = DecodeConfig(gamma=4, max_new_tokens=30, costs=COSTS)
+        expected = list(vanilla_decode(target, tok, ids, cfg))[-1].output_ids
+        end = list(speculative_decode(target, drafter(Eager, model, tok), tok, ids, cfg))[-1]
+        proposed += end.proposed
+        cmp = compare(target, ids, expected, end.output_ids)
+        assert cmp.identical or "near tie (numerics)" in cmp.describe(), cmp.describe()
+    assert proposed > 0
+    cfg = DecodeConfig(gamma=3, max_new_tokens=12, sampling=SamplingConfig(0.8, top_k=5), seed=1, costs=COSTS)
+    its = [e for e in speculative_decode(target, drafter(Eager, model, tok), tok, encode_prompt(tok, "The cat", True), cfg)
+           if e.event == "iteration" and e.proposed]
+    assert its and all(0 < q <= 1 for e in its for q in e.q)

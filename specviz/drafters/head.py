@@ -304,8 +304,10 @@ class HeadDrafter(BandedLookupDrafter):
         self.embed = target_model.get_input_embeddings().weight.detach()
         out = target_model.get_output_embeddings()
         weight = getattr(out, "weight", None)
-        if weight is None or weight.shape[0] < int(vocab.max()) + 1 or weight.dtype != torch.float32:
-            raise SpecvizError("a draft head needs the target's float32 output embedding")
+        if weight is None or weight.shape[0] < int(vocab.max()) + 1:
+            raise SpecvizError("a draft head needs the target's output embedding (one row per token)")
+        # any target dtype and device (a GPU runs bfloat16): the head works in float32 beside it
+        self.head = head.to(self.embed.device)
         self.out_rows = RowProduct(weight.detach()[vocab])  # the head's logits over its vocabulary
         self.index = torch.full((vocab_size,), -1, dtype=torch.long)  # token id -> row in the head's vocab
         self.index[vocab] = torch.arange(len(vocab))
@@ -351,8 +353,8 @@ class HeadDrafter(BandedLookupDrafter):
     def step(self, h: torch.Tensor, x: int, sampling):
         """One head step from state ``h`` after token ``x``: (next state, the head's softmax over
         its vocabulary, q over the target's vocabulary or None under greedy, q's top probability)."""
-        h = self.head.step(h, self.embed[x])
-        sub = self.out_rows(h)  # the head's logits over its vocabulary, stored as its own layers
+        h = self.head.step(h.float(), self.embed[x].float())
+        sub = self.out_rows(h).cpu()  # the head's logits over its vocabulary, stored as its own layers
         soft = torch.softmax(sub, -1)
         if sampling.greedy:
             return h, soft, None, float(soft.max())
