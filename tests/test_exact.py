@@ -11,24 +11,10 @@ from specviz.backends.transformers import CachedLM
 from specviz.engine import DecodeConfig, speculative_decode, vanilla_decode
 from specviz.drafters import PromptLookupDrafter
 from specviz.errors import SpecvizError
+from specviz.exactness import Exactness, differing_rows
 from tests.fixtures.tiny import tiny_llama, tiny_tokenizer
 
 CONTEXTS = (5, 56, 120, 400)  # 56 and 120: passes that cross a padded key block (exact.BLOCK = 64)
-
-
-def differing_rows(lm: CachedLM, seq: list[int], ctx: int, max_rows: int = 16) -> list[tuple[int, float]]:
-    """Feed ``seq[ctx:ctx + r]`` as one pass for r = 1..max_rows after ``seq[:ctx]``, and compare
-    each pass's logits with the same tokens fed one at a time: the rows whose bits differ."""
-    lm.reset()
-    lm.feed(seq[:ctx], keep_logits=1)
-    alone = torch.stack([lm.feed([seq[ctx + j]], keep_logits=1)[0] for j in range(max_rows)])
-    bad = []
-    for r in range(1, max_rows + 1):
-        lm.rollback(ctx)
-        block = lm.feed(seq[ctx:ctx + r])
-        if not torch.equal(block, alone[:r]):
-            bad.append((r, float((block - alone[:r]).abs().max())))
-    return bad
 
 
 def twin_of(model: torch.nn.Module, exact_mode: bool) -> torch.nn.Module:
@@ -293,3 +279,36 @@ def test_a_long_prefill_attends_causally(past, sliding):
     allowed = (cols <= last) & ((cols > last - sliding) if sliding else True)
     want = (scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v).transpose(1, 2)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_gpu_check_script_runs_its_drafters_and_its_row_probe_on_a_cpu(tmp_path):
+    """scripts/gpu_check.py is run on a lent GPU only; here its --small form must give every drafter's
+    row with greedy output identical to vanilla, and its row probe must find the exact mode
+    row-invariant (16/16) and torch's own kernels not (so the probe can tell the two apart)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "gpu.json"
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, str(root / "scripts" / "gpu_check.py"), "--small", "--device", "cpu",
+                    "--dtype", "float32", "--rows", "--repeats", "1", "--max-new-tokens", "24", "--json", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    data = json.loads(out.read_text())
+    labels = [r["drafter"] for r in data["runs"]]
+    assert len(labels) == 7 and any("recycling" in x for x in labels) and any("early exit" in x for x in labels)
+    assert any("draft head" in x for x in labels) and any("bfloat16" in x for x in labels)
+    assert all(r["identical"] and r["vanilla_tps"] > 0 and r["spec_tps"] > 0 for r in data["runs"])
+    exact_rows = [p for p in data["rows"] if "exact mode" in p["dtype"]]
+    plain_rows = [p for p in data["rows"] if "exact mode" not in p["dtype"]]
+    assert exact_rows and all(p["bit_identical"] == "16/16" and p["max_abs_diff"] == 0 for p in exact_rows)
+    assert plain_rows and all(p["bit_identical"] != "16/16" for p in plain_rows)
+
+
+def test_a_near_tie_is_judged_by_the_targets_dtype():
+    """A margin of one bfloat16 step at a logit of ~3 (0.0156) is numerics in bfloat16, a bug's
+    signature in float32; a margin of 1.0 is a bug's in both."""
+    assert "NOT a near tie" in Exactness(False, 3, 1, 2, 0.0156).describe()
+    assert "a near tie (numerics)" in Exactness(False, 3, 1, 2, 0.0156, dtype="bfloat16").describe()
+    assert "NOT a near tie" in Exactness(False, 3, 1, 2, 1.0, dtype="bfloat16").describe()
