@@ -26,6 +26,8 @@ class MainThreadRunner:
     """One decode queue for a whole process: the page's runs and API requests take turns here
     (first come, first served), so they never slow each other down on a CPU."""
 
+    WAIT_S = 0.5  # how often a job waiting for its consumer's next request checks whether it left
+
     def __init__(self) -> None:
         self._jobs: queue.Queue = queue.Queue()
         self.serving = False
@@ -114,7 +116,7 @@ class MainThreadRunner:
             try:
                 gen = make()
                 while True:
-                    while not want.acquire(timeout=0.5):
+                    while not want.acquire(timeout=self.WAIT_S):
                         if stop.is_set():
                             return
                     if stop.is_set():
@@ -143,7 +145,8 @@ class MainThreadRunner:
                 else:
                     return
         finally:
-            stop.set()  # the consumer went away (Stop): the job ends at its next item
+            stop.set()  # the consumer went away (done, or Stop): the job ends at its next item,
+            want.release()  # at once: woken here, not at its next check, so the next run starts now
 
 
 class StopFlag(threading.Event):

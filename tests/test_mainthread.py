@@ -111,3 +111,19 @@ def test_stop_flags_reach_the_running_job_only():
     new.close()
     other.close()
     assert not stops.flags
+
+
+def test_a_finished_consumer_frees_the_serving_thread_at_once(served):
+    """A request that has its answer stops asking for items; its job must end then, not at its next
+    check (it held the serving thread, so the next request waited up to that long: 0.4 s seen on
+    back-to-back API calls). With checks 30 s apart, the next stream still starts at once."""
+    runner, _ = served
+    runner.WAIT_S = 30.0
+    log = []
+    first = runner.stream(counting(10, log))
+    next(first)
+    first.close()
+    done = threading.Event()
+    threading.Thread(target=lambda: (list(runner.stream(counting(3))), done.set()), daemon=True).start()
+    assert done.wait(10), "the serving thread stayed with the finished job"
+    assert log == ["closed"]
