@@ -355,3 +355,31 @@ def test_browser_run_output_hide_drafts_and_stop(real_pipeline_factory, tmp_path
             browser.close()
     finally:
         demo.close()
+
+
+def test_preload_measures_the_cost_profile_in_the_decode_queue(monkeypatch):
+    """The start-up preload loads in the background but warms up (measures the cost profile)
+    as a job of the decode queue: on the thread that serves decode, never beside a Run."""
+    import threading
+
+    from specviz.mainthread import MainThreadRunner
+
+    seen = {}
+
+    class Pipe:
+        def warm_up(self, max_gamma=None):
+            seen["thread"], seen["gamma"] = threading.get_ident(), max_gamma
+
+    runner, until = MainThreadRunner(), threading.Event()
+    server = threading.Thread(target=runner.serve_forever, kwargs={"poll_s": 0.05, "until": until})
+    server.start()
+    while not runner.serving:
+        pass
+    monkeypatch.setattr(app_module, "RUNNER", runner)
+    monkeypatch.setattr(app_module, "build_pipeline", lambda *a, **k: Pipe())
+    loader = threading.Thread(target=app_module.preload)
+    loader.start()
+    loader.join(30)
+    until.set()
+    server.join()
+    assert seen == {"thread": server.ident, "gamma": 16}
