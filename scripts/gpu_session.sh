@@ -2,7 +2,9 @@
 # The GPU checks, as one script for a lent machine (the device tool): the pipeline on CUDA with a
 # local random pair (scripts/make_gpu_pair.py .gpu, run here first: the app's path, every offline
 # drafter kind, bfloat16), then scripts/gpu_check.py at SmolLM2-1.7B's shapes in bfloat16 and float32.
-# Results go to $OUT (or /tmp/gpu-out). Each stage has its own time limit, so a slow one leaves the
+# Measured 2026-12-04 on an H200 with this project's transformers (5.24.0) carried as a wheel and
+# installed first (pip install --no-deps --target /tmp/site; PYTHONPATH=/tmp/site): the machine's
+# image had 5.17.0. Results go to $OUT (or /tmp/gpu-out). Each stage has its own time limit, so a slow one leaves the
 # others' results.
 set -o pipefail
 O=${OUT:-/tmp/gpu-out}; mkdir -p "$O"
