@@ -124,7 +124,7 @@ def _hf_generate(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, extra: dict)
     return t.ms, out[0, len(ids):].tolist()
 
 
-def _spread(ms: list[float]) -> float:
+def spread(ms: list[float]) -> float:
     return max(ms) / min(ms) - 1.0 if ms and min(ms) > 0 else 0.0
 
 
@@ -191,7 +191,7 @@ def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_ne
             [len(e.proposed) for e in spec.iterations], spec.verify_ms_by_gamma(),
             sum(e.draft_ms for e in spec.iterations), median([e.verify_ms for e in van.iterations]),
             vanilla_runs_ms=list(van_ms), spec_runs_ms=list(runs), vanilla_median_ms=median(van_ms),
-            spec_median_ms=median(runs), spread=max(_spread(van_ms), _spread(runs)),
+            spec_median_ms=median(runs), spread=max(spread(van_ms), spread(runs)),
             stable_output=len({tuple(t.output_ids) for t in traces[("spec", i)]}) == 1)
         if extra is not None:
             res.hf_plain_ms, res.hf_assisted_ms = min(ms[("hf_plain", None)]), min(ms[("hf_assisted", None)])

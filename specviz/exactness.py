@@ -49,10 +49,11 @@ class Exactness:
                 f"{self.margin:.2e}: {kind})")
 
 
-def differing_rows(target: Target, seq: list[int], ctx: int, max_rows: int = 16) -> list[tuple[int, float]]:
+def differing_rows(target: Target, seq: list[int], ctx: int, max_rows: int = 16) -> list[tuple[int, float, int]]:
     """Row invariance, measured: feed ``seq[ctx:ctx + r]`` as one pass for r = 1..max_rows after
     ``seq[:ctx]`` and compare each pass's logits with the same tokens fed one at a time. Returns
-    the pass lengths whose bits differ, with the largest difference (empty: row-invariant here)."""
+    the pass lengths whose bits differ, with the largest difference and how many of the pass's
+    argmaxes moved (empty: row-invariant here)."""
     target.reset()
     target.feed(seq[:ctx], keep_logits=1)
     alone = torch.stack([target.feed([seq[ctx + j]], keep_logits=1)[0] for j in range(max_rows)])
@@ -61,7 +62,7 @@ def differing_rows(target: Target, seq: list[int], ctx: int, max_rows: int = 16)
         target.rollback(ctx)
         block = target.feed(seq[ctx:ctx + r])
         if not torch.equal(block, alone[:r]):
-            bad.append((r, float((block - alone[:r]).abs().max())))
+            bad.append((r, float((block - alone[:r]).abs().max()), int((block.argmax(-1) != alone[:r].argmax(-1)).sum())))
     return bad
 
 

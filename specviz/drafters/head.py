@@ -299,15 +299,14 @@ class HeadDrafter(BandedLookupDrafter):
     def __init__(self, target_model: torch.nn.Module, head: DraftHead, vocab: torch.Tensor, vocab_size: int,
                  lookup: bool = True, max_ngram: int = 4, min_ngram: int = 1, datastore=None,
                  priors: tuple | None = None, label: str = "draft head"):
-        self.head, self.vocab, self.vocab_size, self.lookup = head, vocab, vocab_size, lookup
+        self.vocab, self.vocab_size, self.lookup = vocab, vocab_size, lookup
         self.tap = HiddenTap.of(target_model)
         self.embed = target_model.get_input_embeddings().weight.detach()
         out = target_model.get_output_embeddings()
         weight = getattr(out, "weight", None)
         if weight is None or weight.shape[0] < int(vocab.max()) + 1:
             raise SpecvizError("a draft head needs the target's output embedding (one row per token)")
-        # any target dtype and device (a GPU runs bfloat16): the head works in float32 beside it
-        self.head = head.to(self.embed.device)
+        self.head = head.to(self.embed.device)  # any target dtype and device: the head works in float32 beside it
         self.out_rows = RowProduct(weight.detach()[vocab])  # the head's logits over its vocabulary
         self.index = torch.full((vocab_size,), -1, dtype=torch.long)  # token id -> row in the head's vocab
         self.index[vocab] = torch.arange(len(vocab))
