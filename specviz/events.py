@@ -69,6 +69,9 @@ class StartEvent:
     event: str = "start"
 
 
+CORRECTION_KINDS = ("resample", "bonus", "sample")  # how the target drew its own token
+
+
 @dataclass
 class Correction(Later):
     """The token the target itself contributes to an iteration."""
@@ -259,4 +262,7 @@ def from_dict(d: dict, where: str = "event") -> Event:
                 raise SchemaError(f"{where}.{name}: {len(getattr(ev, name))} items for {n} proposals")
         if not 0 <= ev.accepted <= n or len(ev.emitted_text) != len(ev.emitted):
             raise SchemaError(f"{where}: accepted/emitted do not match the proposals")
+        if ev.correction.kind not in CORRECTION_KINDS:
+            raise SchemaError(f"{where}.correction.kind: {_show(ev.correction.kind)} is not one of "
+                              f"{', '.join(CORRECTION_KINDS)}")
     return ev

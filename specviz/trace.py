@@ -251,6 +251,11 @@ def runs_from_json(data) -> tuple[Trace, Trace | None, dict]:
             if (ev.event == "start") != (i == 0) or (ev.event == "summary" and i != len(raw) - 1):
                 raise SchemaError(f"{part}[{i}]: a run is one start event, its iterations, then one summary")
             trace.add(ev)
+        if trace.summary is not None:
+            emitted = sum(len(e.emitted) for e in trace.iterations)
+            if trace.summary.new_tokens != emitted or len(trace.summary.output_ids) != emitted:
+                raise SchemaError(f"{part}: the summary counts {trace.summary.new_tokens} new tokens "
+                                  f"({len(trace.summary.output_ids)} output ids), the iterations emit {emitted}")
         traces.append(trace)
     spec, van = traces
     if spec.start is None:
@@ -265,6 +270,11 @@ def load_runs(path) -> tuple[Trace, Trace | None, dict]:
             raise ValueError(f"the file is larger than {MAX_FILE_BYTES // 2**20} MB; not a specviz run")
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except UnicodeDecodeError:
+        raise ValueError("not a specviz run file: it is not UTF-8 text (a run file is JSON)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not a specviz run file: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") \
+            from None
+    except (OSError, RecursionError) as e:
         raise ValueError(f"not a specviz run file: {e}") from None
     return runs_from_json(data)

@@ -7,6 +7,7 @@ import re
 import shutil
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -136,6 +137,28 @@ def test_damaged_field_is_named(tiny_app, uploads):
     data["speculative"][1]["proposed_text"] = 5
     final = final_of(tiny_app.replay(_upload(uploads, json.dumps(data))))
     assert "proposed_text" in plain(final["status"]) and "expected a list" in final["status"]
+
+
+def test_inconsistent_files_are_refused_before_any_frame(tiny_app, uploads):
+    """A file that passes the field types but not the run's own logic (a token kind the view does
+    not know, a summary that counts tokens no iteration emitted, bytes that are not text) is refused
+    with one clear message; no half-drawn replay is left on the page."""
+    last = final_of(tiny_app.run_decoding(*args()))
+    data = json.load(open(last["export"]))
+    weird = json.loads(json.dumps(data))
+    weird["speculative"][2]["correction"]["kind"] = "weird"
+    bare = json.loads(json.dumps(data))
+    bare["speculative"] = [bare["speculative"][0], bare["speculative"][-1]]
+    binary = _upload(uploads, "")
+    Path(binary).write_bytes(b"\x00\xff\xfe garbage \x80")
+    for path, needle in ((_upload(uploads, json.dumps(weird)), "speculative[2].correction.kind: 'weird'"),
+                         (_upload(uploads, json.dumps(bare)), "the iterations emit 0"),
+                         (binary, "not UTF-8 text")):
+        frames = list(tiny_app.replay(path))
+        assert len(frames) == 1, needle  # refused up front: no frame of a partial replay
+        final = final_of(iter(frames))
+        assert final["status"].startswith("**Error:**") and needle in plain(final["status"]), final["status"]
+        assert "runs" not in final
 
 
 EVIL = '<img src="http://198.51.100.1/x.png" onerror="alert(1)"><div style="position:fixed;inset:0">[x](http://e)'
