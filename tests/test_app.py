@@ -72,6 +72,20 @@ def test_demo_builds_without_launching():
     assert {"run_decoding", "replay", "stop", "inspect"} <= names
 
 
+def test_typed_slider_values_are_clamped_not_refused():
+    """A number typed into a slider's box beyond its range reaches the handlers clamped; gradio's
+    slider raised before them (HTTP 500 on every change). The page still draws gradio's slider."""
+    import gradio as gr
+
+    sliders = [b for b in app_module.demo.blocks.values() if isinstance(b, gr.Slider)]
+    assert len(sliders) >= 5
+    for s in sliders:
+        assert isinstance(s, app_module.Slider) and s.get_block_name() == "slider", s.label
+        assert s.preprocess(s.maximum + 1000) == s.maximum and s.preprocess(s.minimum - 5) == s.minimum
+        mid = s.minimum + (s.maximum - s.minimum) / 2 if s.step is None else s.minimum + s.step
+        assert s.preprocess(mid) == pytest.approx(mid)
+
+
 def test_handler_streams_and_summarises(tiny_app, every_state):
     frames = list(tiny_app.run_decoding(*args()))
     assert len(frames) >= 4  # loading/prefill, several iterations, the end
