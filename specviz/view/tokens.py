@@ -138,9 +138,9 @@ def inspector_html(e: IterationEvent | None) -> str:
     src = {"resample": "norm(max(0, p &minus; q)) at the rejected position",
            "bonus": "p after the last proposal", "sample": "p"}[c.kind]
     top = "".join(f"<li><code>{show(t)}</code> {_fmt(pr)}</li>" for _, t, pr in c.top)
-    table = ("<table class='sv-table'><tr><th>#</th><th>token</th><th>q(x)</th><th>p(x)</th>"
+    table = ("<div class='sv-scroll'><table class='sv-table'><tr><th>#</th><th>token</th><th>q(x)</th><th>p(x)</th>"
              "<th>min(1, p/q)</th><th>draw u</th><th>decision</th><th>softmax T=1 p / q</th></tr>"
-             + "".join(rows) + "</table>")
+             + "".join(rows) + "</table></div>")  # scrolls sideways where the page is narrower
     head = (f"<div class='sv-inspect'><b>Iteration {e.index}</b> &middot; {_attr(e.drafter)} proposed "
             f"{len(e.proposed)} (γ max {e.gamma}: {_attr(e.reason)}) &middot; kept {e.accepted} &middot; "
             f"emitted {len(e.emitted)} &middot; draft {e.draft_ms:.1f} ms, verify {e.verify_ms:.1f} ms")
