@@ -127,10 +127,10 @@ def summary_markdown(spec: Trace, vanilla: Trace | None, exact: Exactness | None
             if spec.start is not None and spec.start.target.get("kernels") == "exact":
                 verdict += (" (exact by construction on these kernels: a token's logits have the same bits "
                             "alone or inside a verify pass)")
+            lines += ["", f"Greedy check: {verdict}"]
         else:
-            verdict = ("sampled run: outputs differ by design (same distribution, different draws); "
-                       "the Lab's *Same outputs?* experiment tests the distribution")
-        lines += ["", f"Greedy check: {verdict}"]
+            lines += ["", "Outputs: a sampled run, so the two differ by design (the same distribution, other "
+                          "draws); the Lab's *Same outputs?* experiment tests the distribution"]
     tip = guidance(spec)
     if tip:
         lines += ["", "💡 " + tip]
