@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import types
 from pathlib import Path
 
 import gradio as gr
@@ -42,18 +43,22 @@ EXPORTS = Exports()
 STOPS = StopFlags()  # (session, "run" | "lab") -> the flag its Stop button sets
 
 
-class Slider(gr.Slider):
-    """A slider whose number box clamps what the visitor types to the range. gradio's own raises on a
+def clamped(slider: gr.Slider) -> gr.Slider:
+    """The slider, its number box clamping what the visitor types to the range. gradio's own raises on a
     value out of range, before any handler: every change then answered HTTP 500 (the API snippet's
-    refresh, a Run) while the box showed the clamped value."""
+    refresh, a Run) while the box showed the clamped value. (Patched on the instance: a subclass of a
+    gradio component makes gradio write a type stub beside app.py at every start.)"""
+    slider.preprocess = types.MethodType(_clamped_preprocess, slider)
+    return slider
 
-    is_template = True  # the page draws it as gradio's slider
 
-    def preprocess(self, payload):
-        if isinstance(payload, (int, float)) and not isinstance(payload, bool):
-            lo, hi = self.minimum, self.maximum
-            payload = min(max(payload, lo if lo is not None else payload), hi if hi is not None else payload)
-        return super().preprocess(payload)
+def _clamped_preprocess(self: gr.Slider, payload):
+    if isinstance(payload, (int, float)) and not isinstance(payload, bool):
+        if self.minimum is not None:
+            payload = max(payload, self.minimum)
+        if self.maximum is not None:
+            payload = min(payload, self.maximum)
+    return gr.Slider.preprocess(self, payload)
 
 
 def pair_details(pair: str) -> tuple[str, int]:
@@ -247,14 +252,14 @@ def build_demo() -> gr.Blocks:
                     run_btn = gr.Button("Run", variant="primary", elem_id="sv-run")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-stop")
                 with gr.Row():
-                    gamma = Slider(1, 16, value=gamma0, step=1, label="γ (max draft tokens per iteration)")
-                    max_new = Slider(8, 512, value=96, step=8, label="Max new tokens")
+                    gamma = clamped(gr.Slider(1, 16, value=gamma0, step=1, label="γ (max draft tokens per iteration)"))
+                    max_new = clamped(gr.Slider(8, 512, value=96, step=8, label="Max new tokens"))
                 with gr.Row():
-                    temperature = Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
+                    temperature = clamped(gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)"))
                     seed = gr.Number(value=0, precision=0, label="Seed")
                 with gr.Row():
                     top_k = gr.Number(value=0, precision=0, label="Top-k (0 = off)")
-                    top_p = Slider(0.05, 1, value=1, step=0.05, label="Top-p (1 = off)")
+                    top_p = clamped(gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p (1 = off)"))
                 with gr.Row():
                     chat = gr.Checkbox(value=True, label="Chat template")
                     with_vanilla = gr.Checkbox(value=True, label="Then run vanilla decoding to compare")
@@ -289,7 +294,7 @@ def build_demo() -> gr.Blocks:
                             C["fig_throughput"], C["fig_position"] = gr.Plot(show_label=False), gr.Plot(show_label=False)
                         C["fig_split"] = gr.Plot(show_label=False)
                     with gr.Tab("Iteration inspector"):
-                        C["iteration"] = Slider(0, 1, value=0, step=1, label="Iteration", interactive=False)
+                        C["iteration"] = clamped(gr.Slider(0, 1, value=0, step=1, label="Iteration", interactive=False))
                         C["inspect_html"] = gr.HTML(tokens.inspector_html(None))
                         C["inspect_fig"] = gr.Plot(show_label=False)
                     with gr.Tab("Summary"):
