@@ -272,9 +272,6 @@ def load_runs(path) -> tuple[Trace, Trace | None, dict]:
             data = json.load(f)
     except UnicodeDecodeError:
         raise ValueError("not a specviz run file: it is not UTF-8 text (a run file is JSON)") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not a specviz run file: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") \
-            from None
-    except (OSError, RecursionError) as e:
+    except (OSError, json.JSONDecodeError, RecursionError) as e:
         raise ValueError(f"not a specviz run file: {e}") from None
     return runs_from_json(data)
