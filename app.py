@@ -424,8 +424,7 @@ turns in one decode queue. These calls use the settings above:"""
 
 def api_panel(demo, pair, target, drafter, prompt, chat, gamma, temperature, top_p, max_new, seed) -> None:
     """The page's pointer to the API: a copyable curl and Python call with the current settings."""
-    from specviz.api.generate import drafter_label, recommended_pair
-    from specviz.api.snippets import request_body, snippets
+    from specviz.api.snippets import page_draft_model, request_body, snippets
 
     with gr.Accordion("Call it from code: OpenAI-compatible API at /v1", open=False):
         gr.Markdown(API_INTRO)
@@ -435,12 +434,8 @@ def api_panel(demo, pair, target, drafter, prompt, chat, gamma, temperature, top
 
     def show(pair_, target_, drafter_, prompt_, chat_, gamma_, temperature_, top_p_, max_new_, seed_,
              request: gr.Request = None):
-        custom_target, custom_drafter = _custom(target_), _custom(drafter_)
         try:
-            spec = REGISTRY.pair(pair_)
-            model = custom_target or spec.target
-            draft = custom_drafter or ("lookup" if custom_target else "auto" if getattr(
-                recommended_pair(REGISTRY, model), "name", None) == spec.name else drafter_label(spec.drafter))
+            model, draft = page_draft_model(REGISTRY, pair_, _custom(target_), _custom(drafter_))
             body = request_body(model, prompt_, bool(chat_), draft, gamma_, temperature_, top_p_, max_new_, seed_)
         except (SpecvizError, TypeError, ValueError):
             return gr.skip(), gr.skip()

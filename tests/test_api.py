@@ -316,3 +316,22 @@ def test_a_full_queue_answers_429_with_retry_after(client, monkeypatch):
     stream.close()
     monkeypatch.delenv("SPECVIZ_API_MAX_QUEUE")
     assert call(client, "chat", False, None, max_tokens=4)[1].completion_tokens == 4
+
+
+def test_page_snippet_names_the_drafter_the_page_runs():
+    """The page's API snippet asks for what the page would run: ``auto`` where the API's choice for
+    the model is the chosen pair, else that pair's drafter; a target picked alone decodes with
+    lookup, a drafter picked in the page is named as picked."""
+    from specviz.api.generate import drafter_label, recommended_pair
+    from specviz.api.snippets import page_draft_model
+    from specviz.registry import load_registry
+
+    reg = load_registry()
+    pairs = [p for p, _ in reg.ordered_pairs()]
+    assert page_draft_model(reg, reg.default(), None, None) == (reg.pair(reg.default()).target, "auto")
+    others = [p for p in pairs if recommended_pair(reg, p.target).name != p.name]
+    assert others
+    for p in others:
+        assert page_draft_model(reg, p.name, None, None) == (p.target, drafter_label(p.drafter))
+    assert page_draft_model(reg, reg.default(), "some-target", None) == ("some-target", "lookup")
+    assert page_draft_model(reg, reg.default(), None, "early-exit:3")[1] == "early-exit:3"

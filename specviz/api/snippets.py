@@ -30,6 +30,22 @@ def request_body(model: str, prompt: str, chat: bool = True, draft_model: str | 
     return body
 
 
+def page_draft_model(registry, pair: str, target: str | None, drafter: str | None) -> tuple[str, str]:
+    """(model, draft_model) of the API call that decodes as the page's choice does: a pair, or a
+    target and drafter picked in the page (None: the pair's own). ``auto`` where the API's own
+    choice for that model is that pair."""
+    from .generate import drafter_label, recommended_pair
+
+    spec = registry.pair(pair)
+    model = target or spec.target
+    if drafter:
+        return model, drafter
+    if target:
+        return model, "lookup"
+    same = getattr(recommended_pair(registry, model), "name", None) == spec.name
+    return model, "auto" if same else drafter_label(spec.drafter)
+
+
 def snippets(base_url: str, body: dict, key_required: bool = False) -> tuple[str, str]:
     """(curl command, Python program) that send ``body`` to the server at ``base_url``."""
     base = base_url.rstrip("/")
