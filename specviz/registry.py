@@ -19,6 +19,8 @@ class Source:
     kind: str  # "package" | "local" | "hub"
     ref: str  # module name, folder path or hub id
     gguf: str | None = None
+    revision: str | None = None  # hub: a commit (or branch) to download from
+    sha256: str | None = None  # hub GGUF: the file's digest, checked after download
 
     def resolve(self) -> tuple[str, str | None] | None:
         """(folder or hub id, gguf file) if this source can be loaded without a network, else None."""
@@ -32,23 +34,27 @@ class Source:
             return folder, self.gguf
         if self.kind == "local":
             return (self.ref, self.gguf) if os.path.isdir(self.ref) else None
-        return (self.ref, None) if _in_hub_cache(self.ref) else None
+        if self.gguf:  # a GGUF on the Hub: the file in the local cache, loaded from its folder
+            path = _in_hub_cache(self.ref, self.gguf, self.revision)
+            return (os.path.dirname(path), self.gguf) if path else None
+        return (self.ref, None) if _in_hub_cache(self.ref, "config.json", self.revision) else None
 
     def describe(self) -> str:
         if self.kind == "package":
             return f"PyPI package {self.ref} ({self.gguf})"
         if self.kind == "local":
             return f"folder {self.ref}"
-        return f"hub {self.ref}"
+        return f"hub {self.ref}" + (f" ({self.gguf})" if self.gguf else "")
 
 
-def _in_hub_cache(repo_id: str) -> bool:
+def _in_hub_cache(repo_id: str, filename: str, revision: str | None = None) -> str | None:
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+        path = try_to_load_from_cache(repo_id, filename, revision=revision)
+        return path if isinstance(path, str) else None
     except Exception:
-        return False
+        return None
 
 
 @dataclass(frozen=True)
@@ -132,7 +138,16 @@ def _source(raw, where: str, base: Path) -> Source:
         path = Path(os.path.expanduser(str(raw["local"])))
         return Source("local", str(path if path.is_absolute() else base / path), raw.get("gguf"))
     if "hub" in raw:
-        return Source("hub", str(raw["hub"]))
+        extra = {k: raw.get(k) for k in ("gguf", "revision", "sha256")}
+        for k, v in extra.items():
+            if v is not None and not (isinstance(v, str) and v.strip()):
+                raise SpecvizError(f"{where}: {k} must be a non-empty string")
+        sha = extra["sha256"]
+        if sha is not None and not (len(sha) == 64 and all(c in "0123456789abcdef" for c in sha.lower())):
+            raise SpecvizError(f"{where}: sha256 must be 64 hex digits (the GGUF file's SHA-256)")
+        if sha is not None and not extra["gguf"]:
+            raise SpecvizError(f"{where}: sha256 is checked on a GGUF file: give gguf too")
+        return Source("hub", str(raw["hub"]), extra["gguf"], extra["revision"], sha.lower() if sha else None)
     raise SpecvizError(f"{where}: a source needs one of package, local or hub")
 
 

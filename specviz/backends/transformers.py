@@ -205,12 +205,14 @@ class Loaded:
     device: torch.device
     dtype: torch.dtype
     kernels: str = "torch"  # "mkl-packed" when cpu_kernels packed the CPU linears at load, "exact" in the exact mode
+    fallback: str | None = None  # why the registry's first choice of source failed, where it did
 
     def info(self) -> dict:
         n = sum(p.numel() for p in self.model.parameters())
         return {"name": self.name, "source": self.source, "device": str(self.device),
                 "dtype": str(self.dtype).replace("torch.", ""), "parameters": n,
                 "kernels": self.kernels,
+                **({"fallback": self.fallback} if self.fallback else {}),
                 **({"attention": self.model._svz_attention} if hasattr(self.model, "_svz_attention") else {}),
                 **({"lean_layers": self.model._svz_lean} if getattr(self.model, "_svz_lean", 0) else {})}
 
@@ -237,7 +239,22 @@ def load_model(spec: "ModelSpec", device: str = "auto", dtype: str = "auto", qui
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
-        loaded = _load_source(spec.name, src, dev, dt, quiet)
+        try:
+            loaded = _load_source(spec.name, src, dev, dt, quiet)
+        except SpecvizError as first:  # a Hub source that failed: the next Hub source, if any
+            loaded = None
+            for alt in spec.sources[spec.sources.index(src) + 1:]:
+                if src.kind != "hub" or alt.kind != "hub":
+                    continue
+                try:
+                    loaded = _load_source(spec.name, alt, dev, dt, quiet)
+                except SpecvizError:
+                    continue
+                logging.getLogger("specviz").warning("%s; loaded %s instead", first, alt.describe())
+                loaded.fallback = str(first)
+                break
+            if loaded is None:
+                raise
         if len(_CACHE) >= _MAX_CACHED:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = loaded
@@ -280,7 +297,11 @@ def _load_source(name: str, src: "Source", dev: torch.device, dt: torch.dtype, q
     if resolved is None and src.kind == "hub" and not hub_reachable():
         raise SpecvizError(f"could not load model {name!r}: it is only on the Hugging Face Hub ({src.ref}), "
                            "which this machine cannot reach (offline); pick a pair marked offline")
+    if src.kind == "hub" and src.gguf:
+        folder, gguf = _hub_gguf(name, src, resolved)
     kwargs = {"gguf_file": gguf} if gguf else {}
+    if src.kind == "hub" and src.revision and not gguf:
+        kwargs["revision"] = src.revision
     try:
         with (_quiet() if quiet else contextlib.nullcontext()):
             tok = AutoTokenizer.from_pretrained(folder, **kwargs)
@@ -291,6 +312,39 @@ def _load_source(name: str, src: "Source", dev: torch.device, dt: torch.dtype, q
     model = model.to(dev).eval()
     kernels = cpu_kernels(model, name)
     return Loaded(name, model, tok, src.describe(), dev, dt, kernels)
+
+
+_VERIFIED: dict[tuple, bool] = {}  # (path, size, mtime) -> the file matched its sha256
+
+
+def _hub_gguf(name: str, src: "Source", resolved) -> tuple[str, str]:
+    """A GGUF file from the Hub: the cached copy, else downloaded (at the source's revision), then
+    checked against the source's sha256; returns (its folder, its name) to load as a local GGUF."""
+    if resolved:
+        path = os.path.join(*resolved)
+    else:
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = hf_hub_download(src.ref, src.gguf, revision=src.revision)
+        except Exception as e:  # network, a missing repo or file: one line, the next source may serve
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SpecvizError(f"could not download {src.gguf} for model {name!r} from {src.describe()}: {first}") from None
+    if src.sha256:
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+        if key not in _VERIFIED:
+            import hashlib
+
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 22), b""):
+                    digest.update(block)
+            _VERIFIED[key] = digest.hexdigest() == src.sha256
+        if not _VERIFIED[key]:
+            raise SpecvizError(f"could not load model {name!r}: {path} does not have the SHA-256 models.yaml "
+                               f"pins for {src.describe()} ({src.sha256[:12]}...)")
+    return os.path.dirname(path), os.path.basename(path)
 
 
 def cpu_kernels(model: torch.nn.Module, name: str = "model") -> str:

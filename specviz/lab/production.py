@@ -30,8 +30,8 @@ class ProductionResult:
 
 
 def _hub_id(pipe: Pipeline, registry_name: str | None) -> str:
-    src = getattr(pipe.target, "source", "") or ""
-    return src.split("hub ", 1)[1] if src.startswith("hub ") else {
+    src = getattr(pipe.target, "source", "") or ""  # a GGUF from the Hub names its file too: "hub ID (FILE)"
+    return src.split("hub ", 1)[1] if src.startswith("hub ") and " (" not in src else {
         "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}.get(registry_name or pipe.target.name, pipe.target.name)
 
 
