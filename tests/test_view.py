@@ -88,3 +88,20 @@ def test_replay_frames_pace_a_saved_run_and_end_on_its_page(target_model, draft_
     assert 1 <= len(paced) <= 5 and paced[0].status == f"► replaying a saved run (1/{n} iterations)"
     assert last.status.startswith("► replayed a saved run") and "<b>" not in last.status  # escaped
     assert last.result["tokens"] == spec.tokens and last.summary
+
+
+def test_summary_names_the_target_weights_and_a_fallback(target_model, draft_model, tok):
+    from specviz.trace import Trace
+
+    pipe = FakePipe(target_model, draft_model, tok)
+    spec = Trace.of(pipe.speculative(pipe.encode("abc abc"), DecodeConfig(gamma=3, max_new_tokens=8)))
+    plain = text.summary_markdown(spec, None)
+    assert "first source failed" not in plain
+    spec.start.target.update(source="hub a/b (<b>x</b>.gguf)", fallback="could not download [x](http://e) <i>")
+    out = text.summary_markdown(spec, None)
+    head = out.splitlines()[0]
+    assert "weights: hub a\\/b" in head and "x" in head.split("weights:")[1]
+    note = next(line for line in out.splitlines() if "first source failed" in line)
+    assert "could not download" in note and "Outputs are exact either way" in note
+    for line in (head, note):  # shown escaped: nothing opens a tag or a link
+        assert not re.search(r"(?<!\\)[<\[]", line)
