@@ -193,3 +193,36 @@ def test_browser_lab_runs_an_experiment(tiny_registry, monkeypatch):
             browser.close()
     finally:
         demo.close()
+
+
+def test_production_advice_fits_each_drafter_kind():
+    """Every drafter kind gets vLLM's nearest config or a plain 'no equivalent', never a command
+    with a hole in it (the head pair once got early exit's advice with 'first-None-layers')."""
+    from types import SimpleNamespace
+
+    from specviz.lab.production import configs
+
+    def pipe(**describe):
+        return SimpleNamespace(target=SimpleNamespace(name="smollm2-135m", source="PyPI package x (y)"),
+                               drafter=SimpleNamespace(describe=lambda: describe), draft=None)
+
+    lookup = dict(max_ngram=4, min_ngram=1, datastore_tokens=10)
+    cases = {
+        "head": (pipe(kind="head", lookup=True, **lookup), [None, "ngram", "suffix"]),
+        "head alone": (pipe(kind="head", lookup=False), [None]),
+        "recycling": (pipe(kind="recycling", lookup=True, **lookup), [None, "ngram", "suffix"]),
+        "self": (pipe(kind="self_quantized", precision="int8"), [None]),
+        "early exit": (pipe(kind="early_exit", layers=22), ["draft_model"]),
+        "lookup": (pipe(kind="prompt_lookup", max_ngram=3, min_ngram=2), ["ngram"]),
+        "unknown": (pipe(kind="someday", name="a new drafter"), [None]),
+    }
+    for label, (p, methods) in cases.items():
+        got = configs(p, 10)
+        assert [c["speculative_config"] and c["speculative_config"]["method"] for c in got] == methods, label
+        for c in got:
+            assert (c["command"] is None) == (c["speculative_config"] is None), label
+            assert "None" not in (c["command"] or "") and c["note"], label
+            if c["command"]:
+                assert c["command"].startswith("vllm serve HuggingFaceTB/SmolLM2-135M-Instruct "), label
+    assert "first-22-layers" in configs(cases["early exit"][0], 10)[0]["command"]
+    assert "no equivalent" in configs(cases["head"][0], 10)[0]["note"]

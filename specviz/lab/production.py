@@ -36,31 +36,47 @@ def _hub_id(pipe: Pipeline, registry_name: str | None) -> str:
 
 
 def configs(pipe: Pipeline, gamma: int) -> list[dict]:
+    """vLLM's nearest speculative configs for the pair's drafter, as commands to copy; where vLLM has
+    no equivalent, a note without a command (never a command with a placeholder that would fail)."""
     target = _hub_id(pipe, pipe.target.name)
     d = pipe.drafter.describe()
+    kind = d.get("kind")
     out = []
 
     def add(label, cfg, note):
-        cmd = f"vllm serve {target} --speculative-config '{json.dumps(cfg)}' --per-request-spec-decode-metrics detailed"
+        cmd = (f"vllm serve {target} --speculative-config '{json.dumps(cfg)}' --per-request-spec-decode-metrics detailed"
+               if cfg else None)
         out.append({"label": label, "speculative_config": cfg, "command": cmd, "note": note})
 
-    if d["kind"] == "prompt_lookup":
+    alone = {"head": "the trained draft head", "recycling": "Token Recycling"}.get(kind)
+    if alone:
+        add(alone, None, f"vLLM has no equivalent of {alone}" + (
+            " (its nearest is an EAGLE head, \"method\": \"eagle\", which needs an EAGLE checkpoint trained for "
+            "this target; specviz's head is in its own format and does not load there)" if kind == "head" else "")
+            + (": the lookup it drafts beside is below." if d.get("lookup", True) else "."))
+    if kind == "prompt_lookup" or alone and d.get("lookup", True):
         add("n-gram lookup", {"method": "ngram", "num_speculative_tokens": gamma,
                               "prompt_lookup_max": d.get("max_ngram", 4), "prompt_lookup_min": d.get("min_ngram", 1)},
             "vLLM proposes a fixed number of tokens per match; specviz's cost-aware length choice has no equivalent.")
         if d.get("datastore_tokens"):
             add("suffix decoding (past answers)", {"method": "suffix", "num_speculative_tokens": gamma},
                 "the closest match to specviz's datastore: a global suffix tree over earlier outputs (needs arctic-inference).")
-    elif d["kind"] == "model":
+    elif kind == "model":
         draft = _hub_id(pipe, getattr(pipe.draft, "name", None)) if pipe.draft else "DRAFT"
         add("draft model", {"method": "draft_model", "model": draft, "num_speculative_tokens": gamma},
             "same tokenizer required, as in specviz.")
-    else:
-        layers = d.get("layers")
+    elif kind == "early_exit" and isinstance(d.get("layers"), int):
+        layers = d["layers"]
         add("early exit (as a draft model)", {"method": "draft_model", "model": f"./{target.split('/')[-1]}-first-{layers}-layers",
                                               "num_speculative_tokens": gamma},
             f"vLLM has no layer-skip drafter: save the target's first {layers} layers + norm + head as a checkpoint "
             "(or write a custom_class proposer). It then costs its own weights' memory, unlike specviz's shared view.")
+    elif kind == "self_quantized":
+        add(f"the target in {d.get('precision', 'lower precision')} as its own draft", None,
+            "vLLM has no self-quantized drafter; its nearest is \"method\": \"draft_model\" with a separate, "
+            "smaller or quantized checkpoint that shares the target's tokenizer.")
+    elif not alone:
+        add(str(d.get("name") or kind), None, "vLLM has no equivalent of this drafter.")
     return out
 
 
@@ -107,7 +123,7 @@ def figure(res: ProductionResult) -> go.Figure:
 def takeaway(res: ProductionResult) -> str:
     lines = [f"For {res.pair} at γ = {res.gamma}:"]
     for c in res.configs:
-        lines.append(f"{c['label']}: `{c['command']}` ({c['note']})")
+        lines.append(f"{c['label']}: `{c['command']}` ({c['note']})" if c["command"] else f"{c['label']}: {c['note']}")
     m = {x["specviz"]: x["value"] for x in res.metrics}
     mal = m.get("tokens per iteration over iterations that drafted")
     rate = m.get("acceptance rate (accepted / proposed)")
