@@ -27,8 +27,9 @@ class CheckResult:
     accept_rate: float | None
 
     def to_dict(self) -> dict:
-        return {"samples": self.samples, "tv": self.tv, "chi2": self.chi2, "dof": self.dof,
-                "p_value": self.p_value, "acceptance_rate": self.accept_rate}
+        tested = self.dof > 0  # too few samples for the test: no statistic, no p-value (null)
+        return {"samples": self.samples, "tv": self.tv, "chi2": self.chi2 if tested else None, "dof": self.dof,
+                "p_value": self.p_value if tested else None, "acceptance_rate": self.accept_rate}
 
 
 def chi_square(counts: dict[int, int], exact: dict[int, float], n: int, min_expected: float = 5.0):
@@ -43,8 +44,10 @@ def chi_square(counts: dict[int, int], exact: dict[int, float], n: int, min_expe
         exp.append(rest_exp)
     elif rest_obs > 0:  # observed a token the target gives no mass: certainly wrong
         return float("inf"), max(1, len(obs) - 1), 0.0
+    if len(obs) < 2:  # one bin: nothing to compare (no token expected min_expected times or more)
+        return 0.0, 0, float("nan")
     stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp) if e > 0)
-    dof = max(1, len(obs) - 1)
+    dof = len(obs) - 1
     p = float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64),
                                       torch.tensor(stat / 2.0, dtype=torch.float64)))
     return stat, dof, p

@@ -27,6 +27,11 @@ from .events import Correction, IterationEvent, StartEvent, SummaryEvent
 from .sampling import SamplingConfig, logits_to_probs, make_generator, sample
 from .trace import PositionTally
 
+# A verify pass scores gamma + 1 tokens; the exact mode keeps a token's bits in passes of up to 32
+# (backends/exact.py, MAX_ROWS), so gamma stops at 31 everywhere (page, CLI, API, bench, lab).
+MAX_GAMMA = 31
+MAX_SEED = 2 ** 63 - 1  # torch.Generator's seed range
+
 TOP_N = 5  # how many top tokens each event keeps per distribution (for the inspector)
 
 
@@ -45,10 +50,10 @@ class DecodeConfig:
     costs: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        self.gamma = _whole(self.gamma, "gamma")
+        self.gamma = _whole(self.gamma, "gamma", 1, MAX_GAMMA)
         self.max_new_tokens = _whole(self.max_new_tokens, "max new tokens")
         if self.seed is not None:
-            self.seed = _whole(self.seed, "seed", 0)
+            self.seed = _whole(self.seed, "seed", 0, MAX_SEED)
         if self.costs is not None:
             costs = tuple(self.costs)
             if not costs or not all(isinstance(c, (int, float)) and 0 < c < 1e3 for c in costs):
@@ -71,14 +76,15 @@ class DecodeConfig:
                    seed=None if seed is None or seed == "" else seed, costs=costs)
 
 
-def _whole(x, what: str, minimum: int = 1) -> int:
+def _whole(x, what: str, minimum: int = 1, maximum: int | None = None) -> int:
     try:
-        n = int(float(x))
-        ok = float(x) == n
+        n = int(x) if isinstance(x, int) else int(float(x))
+        ok = isinstance(x, int) or float(x) == n
     except (TypeError, ValueError, OverflowError):
         ok = False
-    if not ok or n < minimum:
-        raise SpecvizError(f"{what} must be a whole number >= {minimum}, got {x!r}")
+    if not ok or n < minimum or maximum is not None and n > maximum:
+        span = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        raise SpecvizError(f"{what} must be a whole number {span}, got {x!r}")
     return n
 
 

@@ -94,6 +94,10 @@ def build_pipeline(registry: Registry, pair: str | None = None, target: str | No
                    gamma: int | None = None, progress: Callable[[str], None] | None = None) -> Pipeline:
     """Load and assemble a pair by name, or a target and a drafter named directly."""
     say = progress or (lambda msg: None)
+    if gamma is not None:  # checked before any model loads (a start-up cost profile measures gamma + 1 rows)
+        from .engine import MAX_GAMMA, _whole
+
+        gamma = _whole(gamma, "gamma", 1, MAX_GAMMA)
     spec = resolve_pair(registry, pair, target, drafter, gamma)
     say(f"loading target {spec.target}")
     tgt = load_model(registry.model(spec.target), device, dtype)

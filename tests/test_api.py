@@ -156,9 +156,9 @@ def _err(client, **kw):
     ({"model": "tiny-lookup"}, 404, "model", "is a pair: ask for its target 'tiny-target'"),
     ({"speculative": {"draft_model": "nope"}}, 400, "speculative.draft_model", "unknown drafter"),
     ({"speculative": {"draft_model": "lookup", "num_speculative_tokens": 0}}, 400,
-     "speculative.num_speculative_tokens", "between 1 and 32"),
+     "speculative.num_speculative_tokens", "between 1 and 31"),
     ({"speculative": {"draft_model": "lookup", "num_speculative_tokens": 100}}, 400,
-     "speculative.num_speculative_tokens", "between 1 and 32"),
+     "speculative.num_speculative_tokens", "between 1 and 31"),
     ({"speculative": {"draft_model": "tiny-other"}}, 400, "speculative.draft_model", "tokenizer"),
     ({"speculative": {"draft": "lookup"}}, 400, "speculative", "unknown field"),
     ({"model": "tiny-draft", "speculative": {"draft_model": "auto"}}, 400, "speculative.draft_model", "no pair"),
@@ -335,3 +335,16 @@ def test_page_snippet_names_the_drafter_the_page_runs():
         assert page_draft_model(reg, p.name, None, None) == (p.target, drafter_label(p.drafter))
     assert page_draft_model(reg, reg.default(), "some-target", None) == ("some-target", "lookup")
     assert page_draft_model(reg, reg.default(), None, "early-exit:3")[1] == "early-exit:3"
+
+
+def test_one_gamma_limit_everywhere_within_the_exact_passes():
+    from specviz.errors import SpecvizError
+
+    from specviz.api.requests import MAX_SPECULATIVE_TOKENS
+    from specviz.backends.exact import MAX_ROWS
+    from specviz.engine import MAX_GAMMA, DecodeConfig
+
+    assert MAX_SPECULATIVE_TOKENS == MAX_GAMMA == MAX_ROWS - 1  # a pass of gamma + 1 rows stays row-invariant
+    DecodeConfig(gamma=MAX_GAMMA)
+    with pytest.raises(SpecvizError, match="between 1 and 31"):
+        DecodeConfig(gamma=MAX_GAMMA + 1)

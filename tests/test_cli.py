@@ -1,6 +1,7 @@
 """The CLI contract: pairs, run (--json), check, and one-line errors."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -68,6 +69,9 @@ def test_check_json(capsys, tiny_registry):
     (["run", "--target", "nope", "--prompt", "x"], "unknown model"),
     (["run", "--pair", "tiny-mismatch", "--prompt", "x"], "tokenizers"),
     (["run", "--pair", "tiny-draft", "--prompt", "x", "--gamma", "0"], "gamma"),
+    (["run", "--pair", "tiny-draft", "--prompt", "x", "--gamma", "32"], "gamma must be a whole number between 1 and 31"),
+    (["run", "--pair", "tiny-draft", "--prompt", "x", "--seed", "9" * 23], "seed must be a whole number between 0 and"),
+    (["lab", "gamma_sweep", "--pair", "tiny-draft", "--prompt", "x", "--gammas", "3", "1000"], "between 1 and 31"),
     (["run", "--pair", "tiny-draft", "--prompt", "x", "--temperature", "-1"], "temperature"),
     (["run", "--pair", "tiny-draft", "--prompt", "x", "--top-p", "2"], "top-p"),
     (["run", "--pair", "tiny-draft", "--prompt", "   "], "empty"),
@@ -103,3 +107,15 @@ def test_package_never_imports_gradio():
             "assert 'gradio' not in sys.modules, 'specviz imported gradio'\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_check_says_when_there_are_too_few_samples_for_a_chi_square():
+    from specviz.check import CheckResult, chi_square
+
+    exact = {t: 0.01 for t in range(100)}  # no token expected 5 times in 20 draws: one pooled bin
+    stat, dof, p = chi_square({3: 20}, exact, 20)
+    assert dof == 0 and math.isnan(p)  # not "p = 1.000", a pass that tested nothing
+    res = CheckResult(20, exact, {3: 20}, 0.99, stat, dof, p, 0.5).to_dict()
+    assert res["p_value"] is None and res["chi2"] is None and json.dumps(res)
+    stat, dof, p = chi_square({0: 60, 1: 40}, {0: 0.5, 1: 0.5}, 100)  # two bins: a real test
+    assert dof == 1 and 0 < p < 0.1

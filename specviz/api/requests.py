@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .errors import bad
 
-MAX_SPECULATIVE_TOKENS = 32
+MAX_SPECULATIVE_TOKENS = 31  # engine.MAX_GAMMA: passes stay within the exact mode's 32 rows
 MAX_STOPS = 4
 
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field, is_dataclass
 
 from ..drafters import Drafter, PromptLookupDrafter
-from ..engine import DecodeConfig
+from ..engine import MAX_GAMMA, MAX_SEED, DecodeConfig, _whole
 from ..pipeline import Pipeline
 from ..sampling import SamplingConfig
 from ..trace import Speedup, Trace, compare_speed
@@ -33,6 +33,15 @@ class Settings:
     batches: list[int] | None = None
     lengths: list[int] | None = None
     dtype_control: bool = True  # same_outputs: also load a bfloat16 copy of the target
+
+    def __post_init__(self) -> None:
+        """Gammas and the seed checked before an experiment spends a minute on vanilla decoding."""
+        if self.gamma is not None:
+            self.gamma = _whole(self.gamma, "gamma", 1, MAX_GAMMA)
+        if self.gammas is not None:
+            self.gammas = [_whole(g, "gamma", 1, MAX_GAMMA) for g in self.gammas]
+        if self.seed is not None:
+            self.seed = _whole(self.seed, "seed", 0, MAX_SEED)
 
     def to_json(self) -> dict:
         return asdict(self)
