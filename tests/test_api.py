@@ -301,6 +301,15 @@ def test_page_points_to_the_api_and_its_snippets_run(server, tiny_reg, capsys):
     exec(compile(python, "snippet", "exec"), {})  # the Python snippet runs as shown
     out = capsys.readouterr().out
     assert "'mode': 'speculative'" in out
+    # sampling settings the page has, top-k included, reach both snippets (top-k through extra_body)
+    body = request_body("tiny-target", PROMPT, True, "auto", 4, 0.8, 0.9, 8, 5, top_k=3)
+    assert body["top_k"] == 3 and body["top_p"] == 0.9 and body["seed"] == 5
+    curl, python = snippets(server, body)
+    assert json.loads(re.search(r"-d '(.*)'$", curl, re.S).group(1).replace("'\\''", "'"))["top_k"] == 3
+    assert "extra_body={'speculative': {'draft_model': 'auto', 'num_speculative_tokens': 4}, 'top_k': 3}" in python
+    exec(compile(python, "snippet", "exec"), {})
+    assert "'mode': 'speculative'" in capsys.readouterr().out
+    assert "top_k" not in request_body("tiny-target", PROMPT, top_k=0)
 
 
 def test_a_full_queue_answers_429_with_retry_after(client, monkeypatch):

@@ -9,7 +9,7 @@ MAX_SNIPPET_PROMPT = 2000
 
 def request_body(model: str, prompt: str, chat: bool = True, draft_model: str | None = "auto",
                  num_speculative_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                 max_tokens: int = 128, seed: int | None = 0) -> dict:
+                 max_tokens: int = 128, seed: int | None = 0, top_k: int | None = 0) -> dict:
     prompt = str(prompt or "")[:MAX_SNIPPET_PROMPT]
     body: dict = {"model": model}
     if chat:
@@ -20,6 +20,8 @@ def request_body(model: str, prompt: str, chat: bool = True, draft_model: str | 
     body["temperature"] = float(temperature)
     if top_p is not None and float(top_p) < 1:
         body["top_p"] = float(top_p)
+    if top_k and int(top_k) > 0:
+        body["top_k"] = int(top_k)
     if seed is not None:
         body["seed"] = int(seed)
     if draft_model:
@@ -55,10 +57,12 @@ def snippets(base_url: str, body: dict, key_required: bool = False) -> tuple[str
     auth = ' \\\n  -H "Authorization: Bearer $SPECVIZ_API_KEY"' if key_required else ""
     curl = (f"curl {base}/v1/{endpoint} \\\n  -H 'Content-Type: application/json'{auth} \\\n"
             f"  -d '{data}'")
-    fields = {k: v for k, v in body.items() if k not in ("speculative",)}
+    extra = ("speculative", "top_k")  # not parameters of OpenAI's client: sent as extra_body
+    fields = {k: v for k, v in body.items() if k not in extra}
     args = "".join(f"    {k}={_py(v)},\n" for k, v in fields.items())
-    if "speculative" in body:
-        args += f"    extra_body={{\"speculative\": {_py(body['speculative'])}}},  # omit for plain decoding\n"
+    more = {k: body[k] for k in extra if k in body}
+    if more:
+        args += f"    extra_body={_py(more)},\n"
     key = 'os.environ["SPECVIZ_API_KEY"]' if key_required else '"unused"'
     note = "" if key_required else "  # api_key: anything, unless the server sets SPECVIZ_API_KEY"
     call = "client.chat.completions.create" if chat else "client.completions.create"
