@@ -168,7 +168,7 @@ def cmd_run(args) -> int:
         else:
             rate = "n/a" if ev.acceptance_rate is None else f"{ev.acceptance_rate:.1%}"
             print(ev.text)
-            print(f"\n{ev.new_tokens} tokens in {ev.iterations} iterations, acceptance {rate}, "
+            print(f"\n{ev.new_tokens} tokens in {ev.iterations} iteration{'' if ev.iterations == 1 else 's'}, acceptance {rate}, "
                   f"{ev.tokens_per_iteration:.2f} tokens/iteration, {ev.tokens_per_second:.1f} tokens/s "
                   f"(draft {ev.draft_ms:.0f} ms, verify {ev.verify_ms:.0f} ms, prefill {ev.prefill_ms:.0f} ms), "
                   f"stop: {ev.stop_reason}", file=sys.stderr)

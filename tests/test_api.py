@@ -153,6 +153,8 @@ def _err(client, **kw):
 
 @pytest.mark.parametrize("kw,status,param,needle", [
     ({"model": "no-such-model"}, 404, "model", "does not exist"),
+    ({"stream": True, "stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage",
+     "true or false"),
     ({"model": "tiny-lookup"}, 404, "model", "is a pair: ask for its target 'tiny-target'"),
     ({"speculative": {"draft_model": "nope"}}, 400, "speculative.draft_model", "unknown drafter"),
     ({"speculative": {"draft_model": "lookup", "num_speculative_tokens": 0}}, 400,

@@ -274,6 +274,8 @@ def parse(body, kind: str, limits: Limits) -> GenRequest:
             raise bad("stream_options takes {\"include_usage\": true|false}", "stream_options")
         if not req.stream:
             raise bad("stream_options is only allowed with stream: true", "stream_options")
-        req.include_usage = bool(options.get("include_usage"))
+        if not isinstance(options.get("include_usage", False), bool):
+            raise bad("stream_options.include_usage must be true or false", "stream_options.include_usage")
+        req.include_usage = options.get("include_usage", False)
     req.speculative = _speculative(body.get("speculative"))
     return req
