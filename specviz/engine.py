@@ -337,6 +337,11 @@ def speculative_step(run: Run, gamma: int) -> IterationEvent:
     tokens = proposal.tokens[:g_max]
     tokens = tokens[:_cut_at_eos(tokens, run.eos)]
     g = len(tokens)
+    reason = proposal.reason
+    if g < len(proposal.tokens):  # the drafter's reason counts what it proposed; say what was sent
+        why = [w for w, cut in (("γ" if g_max == gamma else "the tokens left to generate", len(proposal.tokens) > g_max),
+                                ("the end-of-sequence token", g < min(len(proposal.tokens), g_max))) if cut]
+        reason = f"{reason}; {g} verified (cut at {' and '.join(why)})"
     q_rows = proposal.q_rows[:g] if proposal.q_rows is not None else None
     # 2. one target pass over the pending token(s) + the proposals
     with target.timer() as tv:
@@ -368,7 +373,7 @@ def speculative_step(run: Run, gamma: int) -> IterationEvent:
 
     return IterationEvent.later(
         fill,
-        index=run.iterations - 1, drafter=drafter.name, gamma=g_max, reason=proposal.reason, proposed=tokens,
+        index=run.iterations - 1, drafter=drafter.name, gamma=g_max, reason=reason, proposed=tokens,
         q=_at(q_rows, tokens) if q_rows is not None else [1.0] * g, p=p_at,
         q_raw=list(proposal.q_raw[:g]),
         accept_prob=verdict.accept_probs, draws=verdict.draws, accepted=k,

@@ -411,3 +411,35 @@ def gc_slots(iters):
             v = c.cell_contents
             if isinstance(v, dict) and "logits" in v:
                 yield v["logits"]
+
+
+def test_an_iterations_reason_says_when_the_engine_cut_the_proposal(target_model, tok):
+    """A drafter that proposes past the end-of-sequence token, past gamma or past the tokens left:
+    the event's reason no longer counts tokens that were never verified (the inspector once said
+    'proposing 7' over 3 proposed tokens)."""
+    ids = encode_prompt(tok, "stop here", True)
+    truth = vanilla_ids(CachedLM(target_model, len(tok)), tok, ids, DecodeConfig(gamma=4, max_new_tokens=40))
+
+    class Overeager(Drafter):
+        name = "overeager"
+
+        def propose(self, context, max_tokens, sampling, generator):
+            pos = len(context) - len(ids)
+            tokens = (truth[pos:] + [0] * 20)[:8]  # ignores max_tokens on purpose
+            return Proposal(tokens, None, [1.0] * len(tokens), f"proposing {len(tokens)}")
+
+    def first(cfg, eos=None):
+        target = CachedLM(target_model, len(tok), **({"eos": eos} if eos else {}))
+        return next(e for e in speculative_decode(target, Overeager(), tok, ids, cfg) if e.event == "iteration")
+
+    plain = first(DecodeConfig(gamma=8, max_new_tokens=40))
+    assert len(plain.proposed) == 8 and plain.reason == "proposing 8"  # nothing cut: the drafter's words
+    stop = plain.proposed[3]
+    e = first(DecodeConfig(gamma=8, max_new_tokens=40), eos={stop})
+    n = plain.proposed.index(stop) + 1
+    assert len(e.proposed) == n < 8 and e.reason == f"proposing 8; {n} verified (cut at the end-of-sequence token)"
+    e = first(DecodeConfig(gamma=5, max_new_tokens=40))
+    assert len(e.proposed) == 5 and e.reason == "proposing 8; 5 verified (cut at γ)"
+    e = first(DecodeConfig(gamma=8, max_new_tokens=4))
+    assert len(e.proposed) == e.gamma < 8  # room for max_new_tokens, less the token the target adds
+    assert e.reason == f"proposing 8; {e.gamma} verified (cut at the tokens left to generate)"
