@@ -88,6 +88,15 @@ def test_replay_frames_pace_a_saved_run_and_end_on_its_page(target_model, draft_
     assert 1 <= len(paced) <= 5 and paced[0].status == f"► replaying a saved run (1/{n} iterations)"
     assert last.status.startswith("► replayed a saved run") and "<b>" not in last.status  # escaped
     assert last.result["tokens"] == spec.tokens and last.summary
+    # the live page's greedy verdict comes back with the run (it was dropped on replay)
+    live = FrameMaker().final(states[-1], stopped=False)
+    assert "Greedy check: **identical to vanilla**" in live.summary
+    assert "Greedy check: **identical to vanilla**" in last.summary
+    assert last.result["identical"] is True
+    last_step = vanilla.iterations[-1]
+    last_step.emitted = last_step.emitted[:-1] + [last_step.emitted[-1] + 1]  # a file whose runs differ
+    last = list(replay_frames(spec, vanilla, "x", frames=1, pause_s=0.0))[-1]
+    assert "Greedy check: **differs from vanilla at new token" in last.summary
 
 
 def test_summary_names_the_target_weights_and_a_fallback(target_model, draft_model, tok):

@@ -194,6 +194,10 @@ def replay_frames(spec: Trace, vanilla: Trace | None, saved: str, frames: int = 
             yield Frame(status=f"► replaying a saved run ({i + 1}/{n} iterations)",
                         tokens=tokens.tokens_html([], maker.rendered))
             time.sleep(pause_s)
-    frame = maker.final(LiveState("done", spec, vanilla), stopped=spec.summary is None)
+    state = LiveState("done", spec, vanilla)
+    if vanilla is not None and vanilla.summary is not None and spec.summary is not None:  # both ran to the end
+        i = first_difference(vanilla.output_ids, spec.output_ids)
+        state.exact = Exactness(i is None, i)  # the live page's verdict, from the saved tokens
+    frame = maker.final(state, stopped=spec.summary is None)
     frame.status = f"► replayed a saved run ({text.md(saved)}): no model was loaded"
     yield frame
