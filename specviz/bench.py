@@ -44,8 +44,10 @@ def load_prompts(path: str | Path, limit: int | None = None, categories: list[st
     """First turns of a Spec-Bench style .jsonl: at most ``limit`` per category after leaving out
     the first ``skip`` of each (so settings can be tuned on prompts a benchmark does not use)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise SpecvizError(f"prompt file not found: {path}")
+    if path.is_dir():
+        raise SpecvizError(f"{path} is a folder, not a prompt file (.jsonl)")
     rows, per_cat = [], {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():

@@ -30,6 +30,10 @@ def test_load_prompts_limit_skip_categories(prompt_file):
         load_prompts(prompt_file, categories=["nope"])
     with pytest.raises(SpecvizError, match="not found"):
         load_prompts(prompt_file.parent / "missing.jsonl")
+    with pytest.raises(SpecvizError, match="is a folder"):
+        load_prompts(prompt_file.parent)
+    with pytest.raises(SpecvizError, match="no prompts selected from /dev/null"):  # it exists: empty, not missing
+        load_prompts("/dev/null")
     bad = prompt_file.parent / "bad.jsonl"
     bad.write_text('{"category": "x"}\n')
     with pytest.raises(SpecvizError, match="turns"):
