@@ -90,11 +90,10 @@ def summary_markdown(spec: Trace, vanilla: Trace | None, exact: Exactness | None
         return ""
     s = spec.start
     tgt, drf = s.target or {}, s.draft or {}
-    lines = [f"**Target** {md(tgt.get('name'))} on **{md(tgt.get('device'))}** ({md(tgt.get('dtype'))}) · "
+    weights = f" (weights: {md(tgt.get('source'))})" if tgt.get("source") else ""
+    lines = [f"**Target** {md(tgt.get('name'))}{weights} on **{md(tgt.get('device'))}** ({md(tgt.get('dtype'))}) · "
              f"**drafter** {md(s.drafter.get('name'))}"
              + (f" on {md(drf.get('device'))} ({md(drf.get('dtype'))})" if drf.get("device") else "")]
-    if tgt.get("source"):
-        lines[0] += f" · weights: {md(tgt.get('source'))}"
     if tgt.get("fallback"):  # the registry's first source failed (a Space whose pinned file did not load)
         lines += ["", f"*The target's first source failed ({md(tgt.get('fallback'))}); these are other weights, "
                       "so a drafter trained on the first drafts worse here. Outputs are exact either way.*"]
