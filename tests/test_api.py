@@ -94,7 +94,9 @@ def test_models_lists_targets_and_their_drafters(client):
     assert {"tiny-target", "tiny-draft", "hub-only"} <= set(models)
     spec = models["tiny-target"].speculative
     assert spec["auto"] == {"pair": "tiny-draft", "draft_model": "tiny-draft", "num_speculative_tokens": 4}
-    assert {"auto", "lookup", "early-exit:L", "tiny-draft"} <= set(spec["draft_models"])
+    assert {"auto", "lookup", "lookup:N", "early-exit:L", "recycling", "recycling:only", "self:bf16",
+            "self:int8", "tiny-draft"} <= set(spec["draft_models"])
+    assert "head" not in spec["draft_models"]  # no trained head ships for the tiny target
     assert models["hub-only"].available_offline is False
     assert client.models.retrieve("tiny-target").id == "tiny-target"
 
@@ -170,6 +172,7 @@ def _err(client, **kw):
     ({"messages": []}, 400, "messages", "non-empty"),
     ({"messages": [{"role": "user", "content": "x" * 100_000}]}, 400, "messages", "at most 20,000"),
     ({"max_tokens": 0}, 400, "max_tokens", ">= 1"),
+    ({"max_tokens": 8, "max_completion_tokens": 16}, 400, "max_tokens", "disagree: give one of them"),
     ({"max_tokens": 10 ** 6}, 400, "max_tokens", "at most 1024"),
     ({"n": 2}, 400, "n", "not supported"),
     ({"logprobs": True}, 400, "logprobs", "not supported"),
@@ -184,6 +187,17 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(client, kw,
     assert err["param"] == param and needle in err["message"], err
     assert "Traceback" not in err["message"]
     assert call(client, "chat", False, None, max_tokens=4)[1].completion_tokens == 4
+
+
+def test_error_codes_tell_a_drafter_that_does_not_fit_from_an_unknown_one(client):
+    assert _err(client, speculative={"draft_model": "nope"}).body["code"] == "unknown_draft_model"
+    for draft in ("early-exit:99", "tiny-other", "head"):
+        e = _err(client, speculative={"draft_model": draft})
+        assert (e.status_code, e.body["code"]) == (400, "unsupported_draft_model"), draft
+    same = {"model": "tiny-target", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 3,
+            "max_completion_tokens": 3, "temperature": 0}
+    r = client.post("/chat/completions", body=same, cast_to=object)
+    assert r["usage"]["completion_tokens"] == 3
 
 
 def test_malformed_json_and_unknown_routes(server, client):

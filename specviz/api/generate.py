@@ -106,7 +106,9 @@ def load(registry: Registry, p: Plan, device: str = "auto", dtype: str = "auto")
                               drafter=None if p.pair else (p.drafter or "lookup"), device=device, dtype=dtype,
                               gamma=p.gamma or None)
     except SpecvizError as e:
-        raise bad(str(e), "speculative.draft_model" if p.speculative else "model") from None
+        if p.speculative:  # the drafter does not fit this target (early-exit:99 on 30 layers, no trained head)
+            raise bad(str(e), "speculative.draft_model", "unsupported_draft_model") from None
+        raise bad(str(e), "model") from None
 
 
 def encode(pipe: Pipeline, req: GenRequest) -> list[int]:

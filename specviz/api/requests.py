@@ -163,7 +163,7 @@ def _messages(value) -> list[dict]:
             raise bad(f"{where}.content is missing", f"{where}.content")
         out.append({"role": _ROLES[role], "content": "" if content is None else _text(content, f"{where}.content")})
     if not any(m["content"].strip() for m in out):
-        raise bad("messages: every message is empty", "messages")
+        raise bad("messages: every message is empty (or only whitespace)", "messages")
     return out
 
 
@@ -175,7 +175,7 @@ def _prompt(value) -> str:
     if not isinstance(value, str):
         raise bad(f"prompt must be a string, got {_show(value)}", "prompt")
     if not value.strip():
-        raise bad("prompt is empty", "prompt")
+        raise bad("prompt is empty (or only whitespace)", "prompt")
     return value
 
 
@@ -244,6 +244,10 @@ def parse(body, kind: str, limits: Limits) -> GenRequest:
     if chars > limits.max_prompt_chars:
         raise bad(f"the prompt is {chars:,} characters; this server accepts at most {limits.max_prompt_chars:,} "
                   "(SPECVIZ_API_MAX_PROMPT_CHARS)", req.prompt_param, "prompt_too_long")
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None \
+            and body["max_tokens"] != body["max_completion_tokens"]:
+        raise bad(f"max_tokens ({_show(body['max_tokens'])}) and max_completion_tokens "
+                  f"({_show(body['max_completion_tokens'])}) disagree: give one of them", "max_tokens")
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(name)
     if max_tokens is None:

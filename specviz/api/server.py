@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .. import drafters
 from ..mainthread import MainThreadRunner
 from ..registry import Registry
 from . import generate
@@ -239,7 +240,7 @@ def model_card(reg: Registry, name: str) -> dict:
             "description": reg.models[name].description,
             "available_offline": reg.models[name].offline_source() is not None,
             "speculative": {
-                "draft_models": (["auto"] if pair else []) + ["lookup", "lookup:N", "early-exit:L"] + draft_models,
+                "draft_models": (["auto"] if pair else []) + drafters.forms(name) + draft_models,
                 "auto": ({"pair": pair.name, "draft_model": generate.drafter_label(pair.drafter),
                           "num_speculative_tokens": pair.gamma} if pair else None),
                 "pairs": [p.name for p in reg.pairs.values() if p.target == name]}}

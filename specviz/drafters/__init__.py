@@ -45,5 +45,12 @@ def choices(model_names) -> list[str]:
     return [c for k in KINDS.values() for c in k.choices] + list(model_names)
 
 
+def forms(target: str) -> list[str]:
+    """Every kind's shorthands that can run beside ``target`` (the API's model listing); model
+    drafters are listed by name apart."""
+    return [f for k in KINDS.values() for f in k.forms(target)]
+
+
 __all__ = ["KINDS", "Drafter", "DrafterKind", "Proposal", "PromptLookupDrafter", "EarlyExitDrafter",
-           "ModelDrafter", "RecyclingDrafter", "HeadDrafter", "SelfDraftDrafter", "kind", "parse_drafter", "choices"]
+           "ModelDrafter", "RecyclingDrafter", "HeadDrafter", "SelfDraftDrafter", "kind", "parse_drafter", "choices",
+           "forms"]

@@ -87,6 +87,11 @@ class DrafterKind:
             raise SpecvizError(f"{where}: only a prompt_lookup drafter can use a datastore")
         return spec
 
+    def forms(self, target: str) -> tuple[str, ...]:
+        """The shorthands a listing (the API's /v1/models) offers for ``target``: those that can run
+        beside it, with placeholders for arguments ("lookup:N")."""
+        return self.choices
+
     def draft_model(self, spec: dict) -> str | None:
         """The registry model this drafter needs loaded beside the target, if any."""
         return None

@@ -27,6 +27,9 @@ class EarlyExitKind(DrafterKind):
     name = "early_exit"
     aliases = ("early-exit", "early_exit")
     choices = ("early-exit:4", "early-exit:8", "early-exit:12")
+
+    def forms(self, target: str) -> tuple[str, ...]:
+        return ("early-exit:L",)
     source = "the target's weights"
 
     def parse(self, arg: str) -> dict:

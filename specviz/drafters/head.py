@@ -474,6 +474,10 @@ class HeadKind(BesideLookupKind):
     choices = ("head", "head:only")
     source = "a draft head trained on the target's hidden states (+ the prompt, output and datastore)"
 
+    def forms(self, target: str) -> tuple[str, ...]:
+        """Only where a trained head for ``target`` ships in assets/ (the shorthand's default)."""
+        return self.choices if os.path.isfile(ASSETS / f"draft-head-{target}.safetensors") else ()
+
     def check(self, spec: dict, where: str, base: Path | None = None) -> dict:
         if "weights" in spec:
             path = Path(os.path.expanduser(str(spec["weights"])))

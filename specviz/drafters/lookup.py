@@ -253,6 +253,9 @@ class LookupKind(DrafterKind):
     name = "prompt_lookup"
     aliases = ("lookup", "prompt-lookup", "prompt_lookup")
     choices = ("lookup",)
+
+    def forms(self, target: str) -> tuple[str, ...]:
+        return ("lookup", "lookup:N")
     source = "the prompt and output so far"
 
     def parse(self, arg: str) -> dict:
