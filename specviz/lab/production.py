@@ -112,12 +112,17 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
 
 
 def figure(res: ProductionResult) -> go.Figure:
+    """Kept tokens per draft position: what vLLM's ``…_per_pos_total`` counter would read. The title
+    is short (the metric's name alone ran off a phone's width) and the bars leave room for their labels."""
     fig = go.Figure()
     rows = res.by_position
     fig.add_bar(x=[str(i) for i in range(len(rows))], y=[k for k, _ in rows], name="kept (specviz)",
-                marker_color=COLORS["accepted"], text=[f"{k}/{n}" for k, n in rows], textposition="outside")
-    return layout(fig, "vllm:spec_decode_num_accepted_tokens_per_pos_total, measured here",
-                   "position label in vLLM (0 = first draft token)", "accepted tokens", height=260)
+                marker_color=COLORS["accepted"], text=[f"{k}/{n}" for k, n in rows], textposition="outside",
+                cliponaxis=False, hovertemplate="position %{x}: %{text} kept<extra></extra>")
+    fig.update_yaxes(range=[0, 1.2 * max([k for k, _ in rows] + [1])])
+    return layout(fig, "Kept tokens by draft position",
+                  "position (vLLM: …_per_pos_total{position})<br>0 = first draft token; label = kept / examined",
+                  "kept tokens", height=280)
 
 
 def takeaway(res: ProductionResult) -> str:

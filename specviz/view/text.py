@@ -112,11 +112,12 @@ def summary_markdown(spec: Trace, vanilla: Trace | None, exact: Exactness | None
         lines.append(f"| **speedup** (measured, prefill included) | **{cmp.speedup:.2f}x** | 1x |")
         lines.append(f"| decode speedup: measured / theory from α, c, v | {cmp.decode_speedup:.2f}x / "
                      f"{cmp.predicted:.2f}x | |")
-        lines.append(f"| draft cost c, verify cost v (vs one vanilla step) | c = {cmp.c:.3f}, v = "
+        lines.append(f"| measured this run: draft cost c, verify cost v (vs one vanilla step) | c = {cmp.c:.3f}, v = "
                      + ", ".join(f"{v:.2f} @ {g}" for g, v in sorted(cmp.v.items())) + " | |")
     if s.costs:
         v = s.costs.get("v") or []
-        lines += ["", f"Cost profile ({md(s.costs.get('source'))}): v = "
+        lines += ["", f"The drafter plans with a cost profile ({md(s.costs.get('source'))}), not with this run's "
+                      "timings (so that its choices do not move with the machine's load): v = "
                   + ", ".join(f"{float(x):.2f}" for x in v[:9] if isinstance(x, (int, float)))
                   + ("…" if len(v) > 9 else "") + " for 1, 2, 3… tokens per pass. Pin it (`--costs`, or "
                   "*reference costs* in the page) and the same seed gives the same output on any machine."]
