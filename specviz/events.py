@@ -180,8 +180,10 @@ def _check(value, hint, where: str):
             raise SchemaError(f"{where}: expected true or false, got {type(value).__name__}")
         return value
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int) or abs(value) > 2 ** 53:
+        if isinstance(value, bool) or not isinstance(value, int):
             raise SchemaError(f"{where}: expected a whole number, got {_show(value)}")
+        if abs(value) > 2 ** 53:
+            raise SchemaError(f"{where}: {_show(value)} is out of range (at most 2^53 in size)")
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -253,6 +255,7 @@ def from_dict(d: dict, where: str = "event") -> Event:
     if kind not in _TYPES:
         raise SchemaError(f"{where}: not a specviz event (event = {_show(kind)})")
     ev = _build(_TYPES[kind], d, f"{where} ({kind})")
+    _check_ranges(ev, where)
     if isinstance(ev, IterationEvent):
         n = len(ev.proposed)
         if len(ev.proposed_text) != n:
@@ -266,3 +269,49 @@ def from_dict(d: dict, where: str = "event") -> Event:
             raise SchemaError(f"{where}.correction.kind: {_show(ev.correction.kind)} is not one of "
                               f"{', '.join(CORRECTION_KINDS)}")
     return ev
+
+
+# A number may have the right type and still be no probability or time at all; views draw bars and
+# write percentages from these, so a file that claims q = 1e300 or a -5 ms pass is refused here.
+PROB_SLACK = 1e-4  # float32 softmax may round a certain token's probability to just above 1
+MAX_MS = 1e9  # ~11 days: longer than any run; beyond it a time is a made-up number
+_PROBS = ("q", "p", "q_raw", "p_raw", "accept_prob")
+_TIMES = ("prefill_ms", "draft_ms", "verify_ms", "elapsed_ms", "wall_ms", "consumer_ms")
+
+
+def _prob(x, where: str) -> None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not -PROB_SLACK <= x <= 1 + PROB_SLACK:
+        raise SchemaError(f"{where}: {_show(x)} is not a probability (one from 0 to 1)")
+
+
+def _top_probs(top, where: str) -> None:
+    """``[[id, text, prob], ...]``: the prob of each alternative."""
+    for i, entry in enumerate(top):
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise SchemaError(f"{where}[{i}]: expected [id, text, probability]")
+        _prob(entry[2], f"{where}[{i}][2]")
+
+
+def _check_ranges(ev: Event, where: str) -> None:
+    for name in _TIMES:
+        t = getattr(ev, name, None)
+        if t is not None and not 0 <= t <= MAX_MS:
+            raise SchemaError(f"{where}.{name}: {_show(t)} is not a time in milliseconds (0 to {MAX_MS:.0e})")
+    if isinstance(ev, IterationEvent):
+        for name in _PROBS:
+            for i, x in enumerate(getattr(ev, name)):
+                _prob(x, f"{where}.{name}[{i}]")
+        for i, u in enumerate(ev.draws):
+            if u is not None and not 0 <= u <= 1:
+                raise SchemaError(f"{where}.draws[{i}]: {_show(u)} is not a uniform draw (one from 0 to 1)")
+        _prob(ev.correction.p, f"{where}.correction.p")
+        _top_probs(ev.correction.top, f"{where}.correction.top")
+        for j, top in enumerate(ev.target_top):
+            _top_probs(top, f"{where}.target_top[{j}]")
+    elif isinstance(ev, SummaryEvent):
+        for name in ("acceptance_rate", "alpha"):
+            x = getattr(ev, name)
+            if x is not None:
+                _prob(x, f"{where}.{name}")
+        if not 0 <= ev.tokens_per_second <= MAX_MS:
+            raise SchemaError(f"{where}.tokens_per_second: {_show(ev.tokens_per_second)} is out of range")

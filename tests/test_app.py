@@ -153,6 +153,26 @@ def test_damaged_field_is_named(tiny_app, uploads):
     assert "proposed_text" in plain(final["status"]) and "expected a list" in final["status"]
 
 
+@pytest.mark.parametrize("edit,needle", [
+    (lambda it: it["q"].__setitem__(0, 1e300), "q[0]: 1e+300 is not a probability"),
+    (lambda it: it["p"].__setitem__(0, -5), "p[0]: -5.0 is not a probability"),
+    (lambda it: it["correction"].__setitem__("p", 2.0), "correction.p: 2.0 is not a probability"),
+    (lambda it: it.__setitem__("draft_ms", 1e300), "draft_ms: 1e+300 is not a time"),
+    (lambda it: it.__setitem__("verify_ms", -1.0), "verify_ms: -1.0 is not a time"),
+    (lambda it: it.__setitem__("tokens_total", 10 ** 40), "is out of range"),
+])
+def test_numbers_that_are_no_probability_or_time_are_refused(tiny_app, uploads, edit, needle):
+    """A crafted file with the right types but impossible values (a probability of 1e300 or -5, a
+    pass of 1e300 ms, an integer beyond any run) is refused naming the field, before any frame."""
+    last = final_of(tiny_app.run_decoding(*args()))
+    data = json.load(open(last["export"]))
+    edit(data["speculative"][1])
+    frames = list(tiny_app.replay(_upload(uploads, json.dumps(data))))
+    final = final_of(iter(frames))
+    assert len(frames) == 1 and "runs" not in final
+    assert final["status"].startswith("**Error:**") and needle in plain(final["status"]), final["status"]
+
+
 def test_inconsistent_files_are_refused_before_any_frame(tiny_app, uploads):
     """A file that passes the field types but not the run's own logic (a token kind the view does
     not know, a summary that counts tokens no iteration emitted, bytes that are not text) is refused
