@@ -71,9 +71,10 @@ def _session(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "local"
 
 
-def _error(message: str) -> dict:
+def _error(message: str, ran: bool = True) -> dict:
     gr.Warning(message)
-    return {C["status"]: f"**Error:** {md(message, 400)}"}
+    stale = "" if ran else " Nothing ran: anything shown below is from an earlier run."
+    return {C["status"]: f"**Error:** {md(message, 400)}{stale}"}
 
 
 def _custom(choice: str | None) -> str | None:
@@ -101,6 +102,7 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
     """Stream one run into the page; waits its turn in the decode queue it shares with the API."""
     session = _session(request)
     halt = STOPS.open(session, "run")
+    ran = False  # once this run clears the token view, what the page shows is its own
     try:
         cfg = DecodeConfig.from_settings(gamma, temperature, top_k, top_p, max_new_tokens, seed,
                                          REFERENCE if costs == "reference" else None)
@@ -125,10 +127,15 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                 else:
                     pipe = item
         else:
+            yield {C["status"]: f"● preparing the {md(str(spec.drafter.get('kind', 'pair')))} drafter…"}
             pipe = build_pipeline(REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
                                   device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
+        if halt.is_set():  # stopped while the drafter was being prepared
+            yield {C["status"]: STOPPED_EARLY}
+            return
         maker = FrameMaker(lambda s, v: EXPORTS.save(session, s, v))
 
+        ran = True
         yield {C["status"]: "● prefilling the prompt…", C["tokens"]: tokens.tokens_html([])}
         stream = RUNNER.turns(lambda: live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla)),
                               on_wait=lambda ahead, eta: {C["status"]: waiting_status(ahead, eta)})
@@ -141,13 +148,14 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                 yield update
     except SpecvizError as e:
         on_vllm = backend not in (None, "", "specviz")
-        yield _error(str(e) + (" (the page keeps serving: choose specviz's engine under Backend)" if on_vllm else ""))
+        yield _error(str(e) + (" (the page keeps serving: choose specviz's engine under Backend)" if on_vllm else ""),
+                     ran)
     except MemoryError:
-        yield _error("out of memory: try a smaller pair, fewer new tokens or a shorter prompt")
+        yield _error("out of memory: try a smaller pair, fewer new tokens or a shorter prompt", ran)
     except Exception as e:  # keep serving whatever happened; say what it was
         oom = type(e).__name__ == "OutOfMemoryError"
         yield _error("the GPU ran out of memory: try a smaller pair or fewer new tokens" if oom
-                     else f"unexpected error: {type(e).__name__}: {e}")
+                     else f"unexpected error: {type(e).__name__}: {e}", ran)
     finally:
         halt.close()
 

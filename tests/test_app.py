@@ -237,6 +237,19 @@ def test_replayed_html_is_inert(tiny_app, uploads):
 def test_bad_input_is_a_message_not_a_crash(tiny_app, kw, needle):
     final = final_of(tiny_app.run_decoding(*args(**kw)))
     assert needle in plain(final["status"]) and final["status"].startswith("**Error:**")
+    # refused before anything ran: the page's results are still an earlier run's, and it says so
+    assert "anything shown below is from an earlier run" in plain(final["status"])
+    assert "tokens" not in final
+
+
+def test_an_error_after_the_run_began_does_not_call_its_tokens_earlier(tiny_app, monkeypatch):
+    """A failure mid-run leaves this run's own partial tokens on the page: no 'earlier run' note."""
+    def broken(*a, **k):
+        yield from ()
+        raise RuntimeError("boom")
+    monkeypatch.setattr(tiny_app, "live_run", broken)
+    final = final_of(tiny_app.run_decoding(*args()))
+    assert "boom" in plain(final["status"]) and "earlier run" not in final["status"]
 
 
 def test_sampled_run_and_custom_drafter(tiny_app):
@@ -266,7 +279,7 @@ def test_stop_leaves_a_summary_of_what_ran(tiny_app):
 def test_stop_while_loading_runs_nothing(tiny_app):
     gen = tiny_app.run_decoding(*args())
     first = named(next(gen))
-    assert "loading" in first["status"] or "prefilling" in first["status"]
+    assert any(word in first["status"] for word in ("loading", "preparing", "prefilling")), first["status"]
     tiny_app.stop()
     final = final_of(gen)
     assert final["status"] == tiny_app.STOPPED_EARLY, final["status"]
