@@ -341,7 +341,7 @@ def speculative_step(run: Run, gamma: int) -> IterationEvent:
     if g < len(proposal.tokens):  # the drafter's reason counts what it proposed; say what was sent
         why = [w for w, cut in (("γ" if g_max == gamma else "the tokens left to generate", len(proposal.tokens) > g_max),
                                 ("the end-of-sequence token", g < min(len(proposal.tokens), g_max))) if cut]
-        reason = f"{reason}; {g} verified (cut at {' and '.join(why)})"
+        reason = f"{reason}; of its {len(proposal.tokens)}, only the first {g} verified (cut at {' and '.join(why)})"
     q_rows = proposal.q_rows[:g] if proposal.q_rows is not None else None
     # 2. one target pass over the pending token(s) + the proposals
     with target.timer() as tv:

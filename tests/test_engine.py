@@ -437,9 +437,9 @@ def test_an_iterations_reason_says_when_the_engine_cut_the_proposal(target_model
     stop = plain.proposed[3]
     e = first(DecodeConfig(gamma=8, max_new_tokens=40), eos={stop})
     n = plain.proposed.index(stop) + 1
-    assert len(e.proposed) == n < 8 and e.reason == f"proposing 8; {n} verified (cut at the end-of-sequence token)"
+    assert len(e.proposed) == n < 8 and e.reason == f"proposing 8; of its 8, only the first {n} verified (cut at the end-of-sequence token)"
     e = first(DecodeConfig(gamma=5, max_new_tokens=40))
-    assert len(e.proposed) == 5 and e.reason == "proposing 8; 5 verified (cut at γ)"
+    assert len(e.proposed) == 5 and e.reason == "proposing 8; of its 8, only the first 5 verified (cut at γ)"
     e = first(DecodeConfig(gamma=8, max_new_tokens=4))
     assert len(e.proposed) == e.gamma < 8  # room for max_new_tokens, less the token the target adds
-    assert e.reason == f"proposing 8; {e.gamma} verified (cut at the tokens left to generate)"
+    assert e.reason == f"proposing 8; of its 8, only the first {e.gamma} verified (cut at the tokens left to generate)"
