@@ -22,7 +22,7 @@ from specviz.pipeline import build_pipeline, resolve_pair
 from specviz.registry import load_registry
 from specviz.view import tokens
 from specviz.view.frames import Frame, FrameMaker, inspector_frame, live_run, replay_frames
-from specviz.view.text import md, progress_line, waiting_status
+from specviz.view.text import md, md_text, progress_line, waiting_status
 
 try:  # ZeroGPU on Hugging Face Spaces; a no-op everywhere else
     import spaces
@@ -372,7 +372,7 @@ def lab_tab(inputs: dict) -> None:
                         "experiment": name, "pair": pipe.name, "settings": s.to_json(),
                         "result": item.to_json(), "takeaway": mod.takeaway(item)})
                     yield (f"■ done: **{md(EXPERIMENTS[name][1])}** on {md(pipe.name)}", mod.figure(item),
-                           md(mod.takeaway(item), 4000), path)
+                           md_text(mod.takeaway(item), 4000), path)
         except SpecvizError as e:
             yield f"**Error:** {md(str(e), 400)}", gr.skip(), gr.skip(), gr.skip()
         finally:

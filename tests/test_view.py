@@ -63,6 +63,20 @@ def test_markdown_and_html_escaping():
     assert "<img" not in tokens.show(evil)
 
 
+def test_multi_paragraph_text_keeps_paragraphs_and_code_but_stays_inert():
+    """A Lab takeaway: paragraphs survive, `commands` render as code, and nothing untrusted opens
+    a tag, a link or a code span of its own (an odd backtick stays a character)."""
+    from markdown_it import MarkdownIt
+
+    evil = "<img src=x onerror=alert(1)>"
+    src = f"For the pair {evil}:\n\nngram: `vllm serve m --x '{{\"a\": 1}}' {evil}` (note [l](http://x))\n\nodd ` {evil}"
+    html_ = MarkdownIt("commonmark").render(text.md_text(src))
+    assert html_.count("<p>") == 3 and "<img" not in html_ and "<a " not in html_
+    assert "<code>vllm serve m --x '{&quot;a&quot;: 1}' &lt;img src=x onerror=alert(1)&gt;</code>" in html_
+    assert "ngram: <code>" in html_ and "</code> (note" in html_  # spaces beside the code kept
+    assert html_.count("<code>") == 1 and "odd ` &lt;img" in html_
+
+
 def test_discarded_newlines_break_no_line():
     assert "\n" in tokens.show("\n") and "\n" not in tokens.show("\n", breaks=False)
     assert "&crarr;" in tokens.show("\n", breaks=False)

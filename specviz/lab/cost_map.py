@@ -4,6 +4,7 @@ measured on this prompt placed on the map."""
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -80,10 +81,16 @@ def figure(res: CostMapResult) -> go.Figure:
                         hovertemplate="α %{x:.2f}, c %{y:.2f}: %{z:.2f}x<extra></extra>", opacity=0.75)
     pts = [d for d in res.drafters if d.alpha is not None]
     if pts:
-        fig.add_scatter(x=[d.alpha for d in pts], y=[min(d.c, 1.1) for d in pts], mode="markers+text",
-                        text=[f"{d.label} {d.speedup:.2f}x" for d in pts], textposition="top right",
+        fig.add_scatter(x=[d.alpha for d in pts], y=[min(d.c, 1.1) for d in pts], mode="markers",
+                        text=[html.escape(d.label) for d in pts],
+                        hovertemplate="%{text}: α %{x:.2f}, c %{y:.2f}<extra></extra>",
                         marker={"color": COLORS["spec"], "size": 10, "line": {"color": "white", "width": 1}},
-                        name="measured drafters (label: measured speedup)", textfont={"size": 10})
+                        name="measured drafters (label: measured speedup)")
+        for d in pts:  # labels on a light box: readable over any colour of the map, in either theme
+            fig.add_annotation(x=d.alpha, y=min(d.c, 1.1), text=f"{html.escape(d.label)} {d.speedup:.2f}x",
+                               showarrow=False, xanchor="right" if d.alpha > 0.7 else "left", yanchor="bottom",
+                               xshift=-6 if d.alpha > 0.7 else 6, yshift=4, font={"size": 10, "color": "#111"},
+                               bgcolor="rgba(255,255,255,0.85)", borderpad=2)
     fig.update_xaxes(range=[0, 1])
     fig.update_yaxes(range=[-0.04, 1.15])
     return layout(fig, "Predicted speedup by α and c (best γ per cell, this CPU's v)", "α (per-position acceptance)",

@@ -6,6 +6,7 @@ with the "below ~1.5 tokens per iteration it does not pay" rule checked."""
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -120,6 +121,10 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     yield res
 
 
+DRAFT_SYMBOLS = ["circle", "square", "diamond", "triangle-up", "cross", "triangle-down", "star", "x"]
+DRAFT_SHADES = ["#1b7a3a", "#2ca25f", "#66c2a4", "#238b8b", "#41ae76", "#99d8c9", "#006d2c", "#74c476"]
+
+
 def figure(res: WhenNotResult) -> go.Figure:
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
         f"(a) batch size (predicted, γ = {res.gamma})", "(b) output length (measured)", "(c) draft quality (measured)"))
@@ -135,9 +140,15 @@ def figure(res: WhenNotResult) -> go.Figure:
                     line={"color": COLORS["spec"]}, row=1, col=2)
     fig.update_xaxes(type="log", row=1, col=2, title_text="max new tokens", tickvals=[L for L, _ in pts])
     if res.drafts:
-        fig.add_scatter(x=[d.tokens_per_iteration for d in res.drafts], y=[d.speedup for d in res.drafts],
-                        mode="markers+text", text=[d.label for d in res.drafts], textposition="top center",
-                        name="drafters", marker={"color": COLORS["accepted"], "size": 9}, row=1, col=3)
+        # one legend entry per drafter, told apart by symbol and shade: neighbouring points' text
+        # labels printed over each other (early exits at nearby depths land close together)
+        for i, d in enumerate(res.drafts):
+            fig.add_scatter(x=[d.tokens_per_iteration], y=[d.speedup], mode="markers", name=f"(c) {html.escape(d.label)}",
+                            marker={"color": DRAFT_SHADES[i % len(DRAFT_SHADES)], "size": 10,
+                                    "symbol": DRAFT_SYMBOLS[i % len(DRAFT_SYMBOLS)],
+                                    "line": {"color": "white", "width": 1}},
+                            hovertemplate=f"{html.escape(d.label)}: %{{x:.2f}} tokens/iteration, %{{y:.2f}}x<extra></extra>",
+                            cliponaxis=False, row=1, col=3)
         fig.add_vline(x=RULE, line={"dash": "dash", "color": COLORS["rejected"], "width": 1}, row=1, col=3)
         xs = [d.tokens_per_iteration for d in res.drafts] + [RULE]
         fig.update_xaxes(title_text="tokens / iteration", row=1, col=3, range=[min(xs) - 0.15, max(xs) + 0.25])

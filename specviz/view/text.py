@@ -24,6 +24,29 @@ def md(value, limit: int = 200) -> str:
     return _MD_SPECIAL.sub(r"\\\1", text)
 
 
+def md_text(value, limit: int = 4000) -> str:
+    """Untrusted multi-paragraph text as inert Markdown: paragraphs (blank lines) kept, each escaped
+    as ``md`` does, and each `backticked` span shown as code. A code span renders its content
+    literally (no tag, entity or link can open inside it); it cannot hold a backtick, since the
+    text is split on them, so nothing can close it early."""
+    text = str(value if value is not None else "?")[:limit]
+    out = []
+    for para in text.split("\n\n"):
+        parts = para.split("`")
+        if len(parts) % 2 == 0:  # an unpaired backtick: the last one is text
+            parts[-2:] = ["`".join(parts[-2:])]
+        out.append("".join(_spaced(p, limit) if i % 2 == 0 else f"`{' '.join(p.split())}`" if p.strip() else ""
+                           for i, p in enumerate(parts)).strip())
+    return "\n\n".join(o for o in out if o)
+
+
+def _spaced(text: str, limit: int) -> str:
+    """``md`` keeping one space at each edge where the text had any (it sits beside a code span)."""
+    if not text.strip():
+        return " " if text else ""
+    return (" " if text[0].isspace() else "") + md(text, limit) + (" " if text[-1].isspace() else "")
+
+
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
