@@ -67,6 +67,26 @@ def pair_details(pair: str) -> tuple[str, int]:
             f"{md(p.draft_model or p.drafter['kind'].replace('_', ' '))})", p.gamma)
 
 
+def choice_details(pair: str, target: str | None, drafter: str | None) -> str:
+    """The pair's description, and what actually runs when the page overrides its target or drafter."""
+    text, _ = pair_details(pair)
+    custom_target, custom_drafter = _custom(target), _custom(drafter)
+    if not (custom_target or custom_drafter):
+        return text
+    p = REGISTRY.pair(pair)
+    if custom_target:  # a target of its own runs with the drafter chosen, lookup by default
+        target_name, drafter_name = custom_target, custom_drafter or "lookup"
+    else:
+        target_name, drafter_name = p.target, custom_drafter or p.draft_model or p.drafter["kind"].replace("_", " ")
+    runs = f"target {md(target_name)}, drafter {md(drafter_name)}"
+    return f"{text}\n\n**Runs instead** (chosen below): {runs}"
+
+
+def model_choices(names) -> list[tuple[str, str]]:
+    """Dropdown entries for models: the name, tagged when its weights must come from the Hub."""
+    return [(n if REGISTRY.models[n].offline_source() is not None else f"{n}  (needs the Hub)", n) for n in names]
+
+
 def _session(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "local"
 
@@ -274,8 +294,9 @@ def build_demo() -> gr.Blocks:
                 costs = gr.Radio([("measured on this machine", "measured"), ("reference (reproducible)", "reference")],
                                  value="measured", label="Cost profile for the lookup drafter's lengths")
                 with gr.Accordion("Choose target and drafter separately", open=False):
-                    target = gr.Dropdown([PAIR_CHOICE] + list(REGISTRY.models), value=PAIR_CHOICE, label="Target model")
-                    drafter = gr.Dropdown([PAIR_CHOICE] + drafters.choices(REGISTRY.models), value=PAIR_CHOICE,
+                    target = gr.Dropdown([PAIR_CHOICE] + model_choices(REGISTRY.models), value=PAIR_CHOICE,
+                                         label="Target model")
+                    drafter = gr.Dropdown([PAIR_CHOICE] + drafters.choices([]) + model_choices(REGISTRY.models), value=PAIR_CHOICE,
                                           label="Drafter (model, lookup, early-exit:L)")
                 with gr.Accordion("Backend: specviz's engine or vLLM", open=False):
                     backend = gr.Radio([("specviz engine (p and q for every token)", "specviz"),
@@ -327,7 +348,10 @@ def build_demo() -> gr.Blocks:
         C["iteration"].change(inspect, [C["runs"], C["iteration"]], [C["inspect_html"], C["inspect_fig"]],
                               api_visibility="private", show_progress="hidden")
         hide.change(None, [hide], None, js="(v) => {document.getElementById('sv-tokens')?.classList.toggle('sv-hide-drafts', v);}")
-        pair.change(pair_details, [pair], [pair_md, gamma], api_visibility="private")
+        pair.change(lambda p, t, d: (choice_details(p, t, d), pair_details(p)[1]), [pair, target, drafter],
+                    [pair_md, gamma], api_visibility="private")
+        for box in (target, drafter):
+            box.change(choice_details, [pair, target, drafter], [pair_md], api_visibility="private")
         demo.load(lambda: f"Ready. Models run on **{device_label()}**. Press **Run**.", None, [C["status"]],
                   api_visibility="private")
     demo.queue(max_size=32, default_concurrency_limit=1)

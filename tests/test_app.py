@@ -118,6 +118,9 @@ def test_replay_needs_no_model(tiny_app, uploads, monkeypatch):
     final = final_of(tiny_app.replay(_upload(uploads, open(last["export"]).read())))
     assert "replayed" in final["status"] and final["runs"]["spec"].output_ids == last["runs"]["spec"].output_ids
     assert "Identical outputs" in final["output"]
+    # the page's controls keep the visitor's settings: the status says what the file ran with
+    status = plain(final["status"])
+    assert "ran tiny-target with drafter" in status and "γ 4, greedy" in status and "still yours" in status
 
 
 def test_replay_reads_only_uploads(tiny_app, uploads, tmp_path):
@@ -453,3 +456,16 @@ def test_preload_measures_the_cost_profile_in_the_decode_queue(monkeypatch):
     until.set()
     server.join()
     assert seen == {"thread": server.ident, "gamma": 16}
+
+
+def test_model_menus_tag_hub_models_and_the_pair_text_says_what_runs(tiny_app):
+    """The target and drafter menus mark a model that must come from the Hub, as the pair menu
+    does; choosing a target or drafter below rewrites the pair's text to what will really run."""
+    entries = dict((value, label) for label, value in tiny_app.model_choices(tiny_app.REGISTRY.models))
+    assert entries["hub-only"].endswith("(needs the Hub)") and entries["tiny-target"] == "tiny-target"
+    own = tiny_app.choice_details("tiny-draft", tiny_app.PAIR_CHOICE, tiny_app.PAIR_CHOICE)
+    assert own == tiny_app.pair_details("tiny-draft")[0] and "instead" not in own
+    swapped = plain(tiny_app.choice_details("tiny-draft", tiny_app.PAIR_CHOICE, "early-exit:2"))
+    assert "Runs instead" in swapped and "target tiny-target, drafter early-exit:2" in swapped
+    alone = plain(tiny_app.choice_details("tiny-draft", "tiny-target", None))
+    assert "target tiny-target, drafter lookup" in alone

@@ -181,6 +181,18 @@ class FrameMaker:
         return self.final(self.latest, stopped=True)
 
 
+def replayed_settings(spec: Trace) -> str:
+    """What a saved run ran with, in a few words (escaped): target, drafter, γ, temperature."""
+    start = spec.start
+    if start is None:
+        return "with settings the file does not say"
+    target = start.target.get("name", "?") if isinstance(start.target, dict) else "?"
+    drafter = start.drafter.get("name") or start.drafter.get("kind", "?") if isinstance(start.drafter, dict) else "?"
+    t = start.sampling.get("temperature", 0) if isinstance(start.sampling, dict) else 0
+    temp = "greedy" if not t else f"temperature {t}"
+    return text.md(f"{target} with drafter {drafter}, γ {start.gamma}, {temp}", 300)
+
+
 def replay_frames(spec: Trace, vanilla: Trace | None, saved: str, frames: int = 40,
                   pause_s: float = 0.05) -> Iterator[Frame]:
     """A saved run replayed without a model: about ``frames`` frames as its iterations appeared
@@ -199,5 +211,6 @@ def replay_frames(spec: Trace, vanilla: Trace | None, saved: str, frames: int = 
         i = first_difference(vanilla.output_ids, spec.output_ids)
         state.exact = Exactness(i is None, i)  # the live page's verdict, from the saved tokens
     frame = maker.final(state, stopped=spec.summary is None)
-    frame.status = f"► replayed a saved run ({text.md(saved)}): no model was loaded"
+    frame.status = (f"► replayed a saved run ({text.md(saved)}): no model was loaded. It ran "
+                    f"{replayed_settings(spec)}; the settings on the left are still yours, not the file's")
     yield frame
