@@ -54,10 +54,14 @@ def clamped(slider: gr.Slider) -> gr.Slider:
 
 def _clamped_preprocess(self: gr.Slider, payload):
     if isinstance(payload, (int, float)) and not isinstance(payload, bool):
+        typed = payload
         if self.minimum is not None:
             payload = max(payload, self.minimum)
         if self.maximum is not None:
             payload = min(payload, self.maximum)
+        if payload != typed:  # say so: a run with another value than the one typed is no surprise then
+            gr.Warning(f"{self.label}: {typed:g} is outside {self.minimum:g} to {self.maximum:g}; "
+                       f"using {payload:g}")
     return gr.Slider.preprocess(self, payload)
 
 
