@@ -61,30 +61,39 @@ def _clamped_preprocess(self: gr.Slider, payload):
     return gr.Slider.preprocess(self, payload)
 
 
+def _drafter_label(p) -> str:
+    """A pair's drafter in a few words: its draft model, else its kind."""
+    return p.draft_model or p.drafter["kind"].replace("_", " ")
+
+
+def _offline_tag(name: str, offline: bool) -> str:
+    return name if offline else f"{name}  (needs the Hub)"
+
+
 def pair_details(pair: str) -> tuple[str, int]:
     p = REGISTRY.pair(pair)
     return (f"**{md(p.name)}**: {md(p.description, 300)} (target {md(p.target)}, drafter "
-            f"{md(p.draft_model or p.drafter['kind'].replace('_', ' '))})", p.gamma)
+            f"{md(_drafter_label(p))})", p.gamma)
 
 
 def choice_details(pair: str, target: str | None, drafter: str | None) -> str:
-    """The pair's description, and what actually runs when the page overrides its target or drafter."""
+    """The pair's description, and what actually runs when the page overrides its target or drafter
+    (as ``resolve_pair`` will resolve it at Run)."""
     text, _ = pair_details(pair)
     custom_target, custom_drafter = _custom(target), _custom(drafter)
     if not (custom_target or custom_drafter):
         return text
-    p = REGISTRY.pair(pair)
-    if custom_target:  # a target of its own runs with the drafter chosen, lookup by default
-        target_name, drafter_name = custom_target, custom_drafter or "lookup"
-    else:
-        target_name, drafter_name = p.target, custom_drafter or p.draft_model or p.drafter["kind"].replace("_", " ")
-    runs = f"target {md(target_name)}, drafter {md(drafter_name)}"
-    return f"{text}\n\n**Runs instead** (chosen below): {runs}"
+    try:
+        runs = resolve_pair(REGISTRY, None if custom_target else pair, custom_target, custom_drafter)
+    except SpecvizError:
+        return text  # Run will say what is wrong with the choice
+    return (f"{text}\n\n**Runs instead** (chosen below): target {md(runs.target)}, drafter "
+            f"{md(custom_drafter or _drafter_label(runs))}")
 
 
 def model_choices(names) -> list[tuple[str, str]]:
     """Dropdown entries for models: the name, tagged when its weights must come from the Hub."""
-    return [(n if REGISTRY.models[n].offline_source() is not None else f"{n}  (needs the Hub)", n) for n in names]
+    return [(_offline_tag(n, REGISTRY.models[n].offline_source() is not None), n) for n in names]
 
 
 def _session(request: gr.Request | None) -> str:
@@ -266,7 +275,7 @@ def build_demo() -> gr.Blocks:
         gr.Markdown(INTRO)
         with gr.Row():
             with gr.Column(scale=2, min_width=320):
-                pair = gr.Dropdown([(f"{p.name}{'' if off else '  (needs the Hub)'}", p.name)
+                pair = gr.Dropdown([(_offline_tag(p.name, off), p.name)
                                     for p, off in REGISTRY.ordered_pairs()], value=default_pair,
                                    label="Model pair (models.yaml)")
                 pair_md = gr.Markdown(details)
@@ -348,7 +357,7 @@ def build_demo() -> gr.Blocks:
         C["iteration"].change(inspect, [C["runs"], C["iteration"]], [C["inspect_html"], C["inspect_fig"]],
                               api_visibility="private", show_progress="hidden")
         hide.change(None, [hide], None, js="(v) => {document.getElementById('sv-tokens')?.classList.toggle('sv-hide-drafts', v);}")
-        pair.change(lambda p, t, d: (choice_details(p, t, d), pair_details(p)[1]), [pair, target, drafter],
+        pair.change(lambda p, t, d: (choice_details(p, t, d), REGISTRY.pair(p).gamma), [pair, target, drafter],
                     [pair_md, gamma], api_visibility="private")
         for box in (target, drafter):
             box.change(choice_details, [pair, target, drafter], [pair_md], api_visibility="private")

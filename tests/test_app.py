@@ -484,4 +484,4 @@ def test_model_menus_tag_hub_models_and_the_pair_text_says_what_runs(tiny_app):
     swapped = plain(tiny_app.choice_details("tiny-draft", tiny_app.PAIR_CHOICE, "early-exit:2"))
     assert "Runs instead" in swapped and "target tiny-target, drafter early-exit:2" in swapped
     alone = plain(tiny_app.choice_details("tiny-draft", "tiny-target", None))
-    assert "target tiny-target, drafter lookup" in alone
+    assert "target tiny-target, drafter prompt lookup" in alone  # a target alone runs with lookup

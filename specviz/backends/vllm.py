@@ -577,7 +577,7 @@ class _State:
             max_new_tokens=req.cfg.max_new_tokens, seed=req.cfg.seed, prompt_ids=list(self.prompt),
             prompt_text=self.req.tok.decode(self.prompt, skip_special_tokens=False),
             target=be.info()["target"], draft=be.info()["draft"] if spec else {},
-            prefill_ms=max(0.0, (t - self.t0) * 1000.0))
+            prefill_ms=self._since_start(t))
 
     def _event(self, proposed: list[int], sampled: list[int], t: float, draft_ms: float, reason: str):
         texts = self.texts
@@ -608,7 +608,7 @@ class _State:
             correction=Correction(int(nxt), texts.piece(ctx_k, nxt), kind, 0.0, []),  # p unknown: NO_PQ
             target_top=[], emitted=list(emitted), emitted_text=texts.pieces(context, emitted),
             draft_ms=draft_ms, verify_ms=verify_ms, tokens_total=len(self.out_ids) + len(emitted),
-            proposed_total=self.proposed, accepted_total=self.accepted, elapsed_ms=max(0.0, (t - self.t0) * 1000.0))
+            proposed_total=self.proposed, accepted_total=self.accepted, elapsed_ms=self._since_start(t))
         self.out_ids.extend(emitted)
         self.emitted_total += len(emitted)
         return ev
@@ -631,12 +631,15 @@ class _State:
             else:  # a server without specviz's proposer: drafts unknown, one chunk = one step
                 yield self._event([], ids, t, 0.0, NO_PQ + "; this server publishes no per-step drafts")
 
+    def _since_start(self, t: float) -> float:
+        """ms since the request was sent. Wall-clock times (the proposer's step records come from the
+        server's process), never negative even if the clock stepped back mid-run, so a saved run
+        always replays."""
+        return max(0.0, (t - self.t0) * 1000.0)
+
     def summary(self) -> SummaryEvent:
         tok = self.req.tok
-        # wall-clock times (the proposer's step records come from the server's process): never
-        # negative, even if the clock stepped back mid-run, so a saved run always replays
-        wall = max(0.0, (self.last_t - self.t0) * 1000.0)
-        prefill = max(0.0, (self.first_t - self.t0) * 1000.0)
+        wall, prefill = self._since_start(self.last_t), self._since_start(self.first_t)
         new = len(self.out_ids)
         it = max(self.iterations, 1)
         m = self.metrics

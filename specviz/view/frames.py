@@ -186,11 +186,9 @@ def replayed_settings(spec: Trace) -> str:
     start = spec.start
     if start is None:
         return "with settings the file does not say"
-    target = start.target.get("name", "?") if isinstance(start.target, dict) else "?"
-    drafter = start.drafter.get("name") or start.drafter.get("kind", "?") if isinstance(start.drafter, dict) else "?"
-    t = start.sampling.get("temperature", 0) if isinstance(start.sampling, dict) else 0
-    temp = "greedy" if not t else f"temperature {t}"
-    return text.md(f"{target} with drafter {drafter}, γ {start.gamma}, {temp}", 300)
+    drafter = start.drafter.get("name") or start.drafter.get("kind", "?")  # dicts: from_dict checks them
+    temp = "greedy" if spec.greedy else f"temperature {start.sampling.get('temperature')}"
+    return text.md(f"{start.target.get('name', '?')} with drafter {drafter}, γ {start.gamma}, {temp}", 300)
 
 
 def replay_frames(spec: Trace, vanilla: Trace | None, saved: str, frames: int = 40,
