@@ -146,6 +146,9 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
             yield {C["status"]: STOPPED_EARLY}
             return
         if backend and backend != "specviz":
+            if custom_drafter:  # vLLM would run the pair's own method and silently drop the choice
+                raise SpecvizError(f"vLLM runs the pair's own drafting ({_drafter_label(REGISTRY.pair(pair))}), "
+                                   f"not {custom_drafter}: set Drafter to {PAIR_CHOICE}")
             pipe = None
             for item in vllm_backend(pair, backend, vllm_url):
                 if halt.is_set():

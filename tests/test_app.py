@@ -248,6 +248,16 @@ def test_bad_input_is_a_message_not_a_crash(tiny_app, kw, needle):
     assert "tokens" not in final
 
 
+def test_vllm_refuses_a_drafter_it_would_ignore(tiny_app, monkeypatch):
+    """vLLM runs the pair's own drafting method: a drafter chosen in the page is refused by name
+    before any server starts, not silently dropped (the summary would credit the wrong drafter)."""
+    monkeypatch.setattr(tiny_app, "vllm_backend", lambda *a, **k: pytest.fail("started vLLM"))
+    final = final_of(tiny_app.run_decoding(*args(drafter="lookup"), "vllm", ""))
+    status = plain(final["status"])
+    assert final["status"].startswith("**Error:**") and "pair's own drafting (tiny-draft)" in status, status
+    assert "not lookup" in status and "(the pair's)" in status and "earlier run" in status
+
+
 def test_a_prompt_longer_than_the_context_leaves_the_earlier_run_marked(tiny_app):
     """Refused by the engine itself (after the page said 'prefilling'): nothing of this run is on
     the page, and the status says what is shown is an earlier run's."""
