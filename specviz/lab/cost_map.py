@@ -76,7 +76,7 @@ def figure(res: CostMapResult) -> go.Figure:
     if res.speedup:
         fig.add_contour(x=res.alphas, y=res.costs, z=res.speedup, colorscale="RdBu", zmid=1.0, zmin=0, zmax=3,
                         contours={"start": 0.5, "end": 3, "size": 0.25, "showlabels": True,
-                                  "labelfont": {"size": 9, "color": "#555"}},
+                                  "labelfont": {"size": 9, "color": "#222", "shadow": "auto"}},
                         colorbar={"title": {"text": "×", "side": "top"}, "thickness": 10}, name="predicted",
                         hovertemplate="α %{x:.2f}, c %{y:.2f}: %{z:.2f}x<extra></extra>", opacity=0.75)
     pts = [d for d in res.drafters if d.alpha is not None]
