@@ -34,13 +34,15 @@ class MainThreadRunner:
         self._turn = threading.Condition()
         self._waiting: list[int] = []  # tickets in arrival order; the first one decodes
         self._next_ticket = 0
+        self._reserved = 0  # places promised by reserve() whose runs have not taken their ticket yet
         self.recent_s: list[float] = []  # how long the last runs held the queue (for estimates)
 
     @property
     def queued(self) -> int:
-        """Runs in the queue now: the one decoding and those waiting."""
+        """Runs in the queue now: the one decoding, those waiting and those admitted by ``reserve``
+        that are still loading."""
         with self._turn:
-            return len(self._waiting)
+            return len(self._waiting) + self._reserved
 
     def position(self, ticket: int) -> int:
         """How many runs are ahead of ``ticket`` (0: it is decoding)."""
@@ -53,8 +55,24 @@ class MainThreadRunner:
         recent = sorted(self.recent_s[-8:])
         return ahead * recent[len(recent) // 2]
 
-    def take_ticket(self) -> int:
+    def reserve(self, limit: int) -> bool:
+        """Admit one more run if fewer than ``limit`` are queued, checked and counted in one step
+        (requests arriving together cannot all pass the check before any of them is counted). The
+        place is the run's until ``turns(..., reserved=True)`` takes its ticket or ``unreserve()``."""
         with self._turn:
+            if len(self._waiting) + self._reserved >= limit:
+                return False
+            self._reserved += 1
+            return True
+
+    def unreserve(self) -> None:
+        with self._turn:
+            self._reserved = max(0, self._reserved - 1)
+
+    def take_ticket(self, reserved: bool = False) -> int:
+        with self._turn:
+            if reserved:
+                self._reserved = max(0, self._reserved - 1)
             ticket = self._next_ticket
             self._next_ticket += 1
             self._waiting.append(ticket)
@@ -73,11 +91,13 @@ class MainThreadRunner:
                 self.recent_s = (self.recent_s + [held_s])[-16:]
             self._turn.notify_all()
 
-    def turns(self, make: Callable[[], Iterator], on_wait: Callable[[int, float | None], object] | None = None
-              ) -> Iterator:
+    def turns(self, make: Callable[[], Iterator], on_wait: Callable[[int, float | None], object] | None = None,
+              reserved: bool = False) -> Iterator:
         """``stream(make)`` after waiting for this caller's turn in the queue. While it waits,
-        ``on_wait(runs ahead, estimated seconds)`` is yielded every half second (if given)."""
-        ticket = self.take_ticket()
+        ``on_wait(runs ahead, estimated seconds)`` is yielded every half second (if given).
+        ``reserved``: the place was promised by ``reserve`` (a generator closed before it starts
+        keeps it: its owner then calls ``unreserve``)."""
+        ticket = self.take_ticket(reserved)
         t0 = None
         try:
             while not self.wait_turn(ticket, timeout=0.5):

@@ -175,6 +175,7 @@ def _err(client, **kw):
     ({"max_tokens": 8, "max_completion_tokens": 16}, 400, "max_tokens", "disagree: give one of them"),
     ({"max_tokens": 10 ** 6}, 400, "max_tokens", "at most 1024"),
     ({"n": 2}, 400, "n", "not supported"),
+    ({"n": True}, 400, "n", "not supported"),  # JSON's true is no count, though True == 1 in Python
     ({"logprobs": True}, 400, "logprobs", "not supported"),
     ({"frobnicate": 1}, 400, "frobnicate", "unrecognized"),
     ({"model": "hub-only"}, 503, "model", "cannot be loaded"),
@@ -211,6 +212,25 @@ def test_malformed_json_and_unknown_routes(server, client):
     r = httpx.post(f"{server}/v1/embeddings", json={})
     assert r.status_code == 404 and "no such endpoint" in r.json()["error"]["message"]
     assert httpx.get(f"{server}/").status_code == 200  # the page is still there
+    assert call(client, "completion", False, None, max_tokens=4)[1].completion_tokens == 4
+    # what json.loads itself refuses past the syntax: a 5,001-digit integer (Python's 4,300-digit
+    # limit) and 100,000 nested arrays (recursion) are bad JSON too, not internal errors
+    for raw in (b'{"model": "tiny-target", "max_tokens": 1' + b"0" * 5000 + b"}",
+                b'{"model": "tiny-target", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
+        r = httpx.post(f"{server}/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text[:300]
+    # JSON may escape a lone surrogate, which no tokenizer encodes (the openai client cannot even
+    # send one): refused, naming the field
+    user = '"messages": [{"role": "user", "content": %s}]'
+    for route, fields, param in (
+            ("completions", r'"prompt": "a\ud800b"', "prompt"),
+            ("chat/completions", user % r'"a\ud800b"', "messages[0].content"),
+            ("chat/completions", user % r'[{"type": "text", "text": "\udfff"}]', "messages[0].content[0].text"),
+            ("chat/completions", user % '"hi"' + r', "stop": ["ok", "\udc00"]', "stop")):
+        r = httpx.post(f"{server}/v1/{route}", headers={"Content-Type": "application/json"},
+                       content=('{"model": "tiny-target", "max_tokens": 3, %s}' % fields).encode())
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == param and "lone surrogate" in err["message"], err
     assert call(client, "completion", False, None, max_tokens=4)[1].completion_tokens == 4
 
 
@@ -340,6 +360,43 @@ def test_a_full_queue_answers_429_with_retry_after(client, monkeypatch):
     assert info.value.body["code"] == "queue_full" and int(info.value.response.headers["retry-after"]) >= 1
     stream.close()
     monkeypatch.delenv("SPECVIZ_API_MAX_QUEUE")
+    assert call(client, "chat", False, None, max_tokens=4)[1].completion_tokens == 4
+
+
+def test_requests_arriving_together_cannot_pass_a_full_queue(server, client, monkeypatch):
+    """Admission is checked and counted in one step: three requests released at once while each
+    spends a second loading get one place between them (the queue's limit, 1), not three; a place
+    is given back when the load fails, and none is left over afterwards."""
+    from specviz.api import generate
+    from specviz.errors import SpecvizError
+
+    monkeypatch.setenv("SPECVIZ_API_MAX_QUEUE", "1")
+    real = generate.load
+    monkeypatch.setattr(generate, "load", lambda *a: (time.sleep(1.0), real(*a))[1])
+    gate, codes = threading.Barrier(3), []
+
+    def one():
+        gate.wait()
+        r = httpx.post(f"{server}/v1/chat/completions", timeout=120, json={
+            "model": "tiny-target", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4})
+        codes.append(r.status_code)
+
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(codes) == [200, 429, 429], codes
+    assert app_module.RUNNER.queued == 0
+
+    def broken(*a):
+        raise SpecvizError("the weights are gone")
+
+    monkeypatch.setattr(generate, "load", broken)
+    with pytest.raises(openai.APIStatusError):
+        call(client, "chat", False, None, max_tokens=4)
+    assert app_module.RUNNER.queued == 0  # the failed load gave its place back
+    monkeypatch.setattr(generate, "load", real)
     assert call(client, "chat", False, None, max_tokens=4)[1].completion_tokens == 4
 
 

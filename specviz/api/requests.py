@@ -73,21 +73,26 @@ class GenRequest:
 
 
 # fields accepted when they hold what specviz does anyway (value -> accepted?)
+def _default(*allowed):
+    """Accepted when null or equal to one of ``allowed`` of the same kind (``true`` is not ``1``)."""
+    return lambda v: v is None or any(v == a and isinstance(v, bool) == isinstance(a, bool) for a in allowed)
+
+
 _DEFAULT_ONLY = {
-    "n": lambda v: v in (None, 1),
-    "best_of": lambda v: v in (None, 1),
-    "presence_penalty": lambda v: v in (None, 0),
-    "frequency_penalty": lambda v: v in (None, 0),
-    "repetition_penalty": lambda v: v in (None, 1),
-    "logprobs": lambda v: v in (None, False, 0),
-    "top_logprobs": lambda v: v in (None, 0),
-    "echo": lambda v: v in (None, False),
-    "suffix": lambda v: v in (None, ""),
+    "n": _default(1),
+    "best_of": _default(1),
+    "presence_penalty": _default(0),
+    "frequency_penalty": _default(0),
+    "repetition_penalty": _default(1),
+    "logprobs": _default(False, 0),
+    "top_logprobs": _default(0),
+    "echo": _default(False),
+    "suffix": _default(""),
     "logit_bias": lambda v: not v,
     "tools": lambda v: not v,
     "functions": lambda v: not v,
-    "tool_choice": lambda v: v in (None, "none", "auto"),
-    "function_call": lambda v: v in (None, "none", "auto"),
+    "tool_choice": _default("none", "auto"),
+    "function_call": _default("none", "auto"),
     "parallel_tool_calls": lambda v: True,
     "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
     "modalities": lambda v: v is None or v == ["text"],
@@ -128,17 +133,28 @@ def _show(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _unicode(text: str, param: str) -> str:
+    """``text`` as sent, refused where JSON's escapes made it no Unicode (a lone surrogate such as
+    "\\ud800", which no tokenizer can encode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad(f"{param} is not valid Unicode: it holds a lone surrogate ({text[e.start]!a}) at "
+                  f"character {e.start}", param) from None
+    return text
+
+
 def _text(content, param: str) -> str:
     """A message's content: a string, or a list of text parts (what the OpenAI client sends)."""
     if isinstance(content, str):
-        return content
+        return _unicode(content, param)
     if isinstance(content, list):
         out = []
         for i, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise bad(f"{param}[{i}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported",
                           f"{param}[{i}]")
-            out.append(part["text"])
+            out.append(_unicode(part["text"], f"{param}[{i}].text"))
         return "".join(out)
     raise bad(f"{param} must be a string or a list of text parts, got {_show(content)}", param)
 
@@ -176,7 +192,7 @@ def _prompt(value) -> str:
         raise bad(f"prompt must be a string, got {_show(value)}", "prompt")
     if not value.strip():
         raise bad("prompt is empty (or only whitespace)", "prompt")
-    return value
+    return _unicode(value, "prompt")
 
 
 def _stop(value) -> list[str]:
@@ -189,6 +205,8 @@ def _stop(value) -> list[str]:
         raise bad(f"stop takes at most {MAX_STOPS} sequences, got {len(stops)}", "stop")
     if any(not s or len(s) > 200 for s in stops):
         raise bad("each stop sequence must be 1 to 200 characters", "stop")
+    for s in stops:
+        _unicode(s, "stop")
     return list(dict.fromkeys(stops))
 
 

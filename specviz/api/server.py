@@ -8,6 +8,7 @@ client goes away stops decoding at its next item (an iteration, or half a second
 from __future__ import annotations
 
 import hmac
+import inspect
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ import uuid
 from typing import Callable
 
 import anyio
+from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -94,8 +96,9 @@ class Api:
         raw = b"".join(chunks)
         try:
             return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise bad(f"the body is not valid JSON: {e}", None, "invalid_json") from None
+        except (ValueError, RecursionError) as e:  # ValueError: bad bytes, bad JSON, an integer of > 4300 digits
+            what = "nested too deeply" if isinstance(e, RecursionError) else str(e)[:200]
+            raise bad(f"the body is not valid JSON: {what}", None, "invalid_json") from None
 
     # ---- endpoints --------------------------------------------------------------------------
 
@@ -115,21 +118,26 @@ class Api:
         req = parse(body, kind, limits)
         reg = self.registry()
         plan = generate.plan(reg, req)
-        if self.runner.queued >= limits.max_queue:
+        if not self.runner.reserve(limits.max_queue):  # the place is this request's from here on
             eta = self.runner.estimate_s(self.runner.queued)
             raise ApiError(429, f"the decode queue is full ({self.runner.queued} runs); try again "
                            f"{f'in about {eta:.0f} s' if eta else 'soon'} (SPECVIZ_API_MAX_QUEUE)", None, "queue_full",
                            "rate_limit_error", retry_after=max(1, round(eta or 5)))
-        pipe = await anyio.to_thread.run_sync(generate.load, reg, plan, self.device, self.dtype)
-        ids = await anyio.to_thread.run_sync(generate.encode, pipe, req)
-        cfg = generate.config(req, plan)
+        try:
+            pipe = await anyio.to_thread.run_sync(generate.load, reg, plan, self.device, self.dtype)
+            ids = await anyio.to_thread.run_sync(generate.encode, pipe, req)
+            cfg = generate.config(req, plan)
+        except BaseException:
+            self.runner.unreserve()
+            raise
         asked = time.perf_counter()
         turns = Turns(self.runner, lambda: generate.decode(pipe, ids, cfg, plan, req.stop,
-                                                           time.perf_counter() - asked))
+                                                           time.perf_counter() - asked), reserved=True)
         reply = Reply(req, len(ids))
-        if req.stream:
+        if req.stream:  # the background close also runs when the client left before the body began
             return StreamingResponse(self.sse(turns, reply), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                                     background=BackgroundTask(turns.close))
         try:
             while True:
                 item = await turns.next()
@@ -177,8 +185,9 @@ class Api:
 class Turns:
     """A decoding generator behind the shared queue, stepped from async code one item at a time."""
 
-    def __init__(self, runner: MainThreadRunner, make):
-        self.gen = runner.turns(make, on_wait=Waiting)
+    def __init__(self, runner: MainThreadRunner, make, reserved: bool = False):
+        self.runner, self.reserved = runner, reserved
+        self.gen = runner.turns(make, on_wait=Waiting, reserved=reserved)
         self.closed = False
 
     async def next(self):
@@ -189,6 +198,8 @@ class Turns:
         if self.closed:
             return
         self.closed = True
+        if self.reserved and inspect.getgeneratorstate(self.gen) == inspect.GEN_CREATED:
+            self.runner.unreserve()  # never started: its place was never turned into a ticket
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self.gen.close)
 
