@@ -43,6 +43,8 @@ def load_prompts(path: str | Path, limit: int | None = None, categories: list[st
                  skip: int = 0) -> list[dict]:
     """First turns of a Spec-Bench style .jsonl: at most ``limit`` per category after leaving out
     the first ``skip`` of each (so settings can be tuned on prompts a benchmark does not use)."""
+    if skip < 0 or (limit is not None and limit < 0):
+        raise SpecvizError(f"--skip and --limit must be >= 0, got {skip} and {limit}")
     path = Path(path)
     if not path.exists():
         raise SpecvizError(f"prompt file not found: {path}")
@@ -54,10 +56,13 @@ def load_prompts(path: str | Path, limit: int | None = None, categories: list[st
             continue
         try:
             row = json.loads(line)
-            prompt = row["turns"][0]
+            turns = row["turns"]
+            if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+                raise TypeError  # a string's first letter, or a number, is no prompt
+            prompt = turns[0]
             cat = str(row.get("category", "all"))
         except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise SpecvizError(f"{path}:{n}: expected a JSON object with a 'turns' list") from None
+            raise SpecvizError(f"{path}:{n}: expected a JSON object with a 'turns' list of strings") from None
         if categories and cat not in categories and not ("mt_bench" in categories and cat in MT_BENCH):
             continue
         per_cat[cat] = per_cat.get(cat, 0) + 1

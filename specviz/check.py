@@ -25,11 +25,27 @@ class CheckResult:
     dof: int
     p_value: float
     accept_rate: float | None
+    tv_noise: float = 0.0  # median TV of as many exact draws from the target: what sampling noise alone gives
 
     def to_dict(self) -> dict:
         tested = self.dof > 0  # too few samples for the test: no statistic, no p-value (null)
-        return {"samples": self.samples, "tv": self.tv, "chi2": self.chi2 if tested else None, "dof": self.dof,
+        return {"samples": self.samples, "tv": self.tv, "tv_noise": self.tv_noise,
+                "chi2": self.chi2 if tested else None, "dof": self.dof,
                 "p_value": self.p_value if tested else None, "acceptance_rate": self.accept_rate}
+
+
+def tv_of_exact_draws(exact: dict[int, float], n: int, trials: int = 200, seed: int = 0) -> float:
+    """The median TV distance between ``n`` draws straight from ``exact`` and ``exact`` itself: the
+    distance a perfectly correct sampler shows at this sample size (over a whole vocabulary, with a
+    few hundred samples, far from 0)."""
+    tokens = list(exact)
+    probs = torch.tensor([exact[t] for t in tokens], dtype=torch.float64)
+    gen = torch.Generator().manual_seed(seed)
+    tvs = []
+    for _ in range(trials):
+        counts = torch.bincount(torch.multinomial(probs, n, replacement=True, generator=gen), minlength=len(tokens))
+        tvs.append(0.5 * float((counts.double() / n - probs).abs().sum()))
+    return sorted(tvs)[len(tvs) // 2]
 
 
 def chi_square(counts: dict[int, int], exact: dict[int, float], n: int, min_expected: float = 5.0):
@@ -75,4 +91,4 @@ def first_token_check(target, drafter, tokenizer, prompt_ids: list[int], cfg: De
     tv = 0.5 * sum(abs(counts.get(t, 0) / samples - exact.get(t, 0.0)) for t in set(exact) | set(counts))
     stat, dof, pv = chi_square(counts, exact, samples)
     rate = run.accepted / run.proposed if run.proposed else None
-    return CheckResult(samples, exact, counts, tv, stat, dof, pv, rate)
+    return CheckResult(samples, exact, counts, tv, stat, dof, pv, rate, tv_of_exact_draws(exact, samples))

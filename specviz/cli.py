@@ -197,9 +197,15 @@ def cmd_check(args) -> int:
     rest = 1 - sum(res.exact[t] for t in top)
     print(f"{'(all others)':>16}  {rest:9.4f}  {1 - sum(res.counts.get(t, 0) for t in top) / res.samples:9.4f}")
     rate = "n/a" if res.accept_rate is None else f"{res.accept_rate:.1%}"
-    test = (f"chi-square {res.chi2:.2f} on {res.dof} dof, p-value {res.p_value:.3f}" if res.dof > 0 else
-            "no chi-square test: too few samples (no token is expected 5 times; raise --samples)")
-    print(f"\n{res.samples} speculative samples (acceptance {rate}): TV distance {res.tv:.4f}, {test}")
+    if res.dof > 0:
+        test = f"chi-square {res.chi2:.2f} on {res.dof} dof, p-value {res.p_value:.3f}"
+    elif len(res.exact) == 1:
+        test = ("no chi-square test: the target gives one token all its mass (greedy or top-k 1), so every "
+                "sample must be that token" + (" and was" if res.tv == 0 else ""))
+    else:
+        test = "no chi-square test: too few samples (no token is expected 5 times; raise --samples)"
+    print(f"\n{res.samples} speculative samples (acceptance {rate}): TV distance {res.tv:.4f} (exact draws "
+          f"from the target, as many, give {res.tv_noise:.4f}: sampling noise), {test}")
     return 0
 
 

@@ -38,6 +38,13 @@ def test_load_prompts_limit_skip_categories(prompt_file):
     bad.write_text('{"category": "x"}\n')
     with pytest.raises(SpecvizError, match="turns"):
         load_prompts(bad)
+    for turns in ('"hello"', '[5]', '[]'):  # a string ran its first letter; a number said "empty prompt"
+        bad.write_text('{"turns": %s}\n' % turns)
+        with pytest.raises(SpecvizError, match="'turns' list of strings"):
+            load_prompts(bad)
+    for kw in ({"skip": -1}, {"limit": -1}):
+        with pytest.raises(SpecvizError, match=">= 0"):
+            load_prompts(prompt_file, **kw)
 
 
 def test_bench_runs_end_to_end_with_peer(capsys, tiny_registry, prompt_file):

@@ -119,3 +119,22 @@ def test_check_says_when_there_are_too_few_samples_for_a_chi_square():
     assert res["p_value"] is None and res["chi2"] is None and json.dumps(res)
     stat, dof, p = chi_square({0: 60, 1: 40}, {0: 0.5, 1: 0.5}, 100)  # two bins: a real test
     assert dof == 1 and 0 < p < 0.1
+
+
+def test_check_puts_its_tv_beside_what_sampling_noise_gives():
+    """A TV distance over a whole vocabulary from a few hundred samples is far from 0 even for a
+    perfect sampler: the check prints what exact draws give at the same size, which grows with the
+    spread of the distribution and shrinks with more samples."""
+    from specviz.check import tv_of_exact_draws
+
+    flat = {t: 1 / 1000 for t in range(1000)}
+    assert tv_of_exact_draws({7: 1.0}, 300) == 0.0
+    assert 0.4 < tv_of_exact_draws(flat, 300) < 0.9  # 300 draws over 1,000 equal tokens
+    assert tv_of_exact_draws(flat, 3000) < tv_of_exact_draws(flat, 300)
+    assert tv_of_exact_draws({0: 0.5, 1: 0.5}, 300) < 0.1
+
+
+def test_check_at_greedy_says_why_there_is_no_test(capsys, tiny_registry):
+    code, out, _ = cli(capsys, "check", "--models", str(tiny_registry), "--pair", "tiny-draft",
+                       "--prompt", "ab ab a", "--samples", "20", "--no-chat", "--top-k", "1", "--temperature", "1")
+    assert code == 0 and "one token all its mass" in out and "raise --samples" not in out

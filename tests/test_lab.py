@@ -151,6 +151,34 @@ def test_cli_lab_json(tiny_registry, capsys):
     assert main(["lab", "list"]) == 0 and set(EXPERIMENTS) <= set(capsys.readouterr().out.split())
 
 
+@pytest.mark.parametrize("extra,needle", [
+    (["--variant", "nope"], "--variant must be one of"),
+    (["--figure", "chart.txt"], ".html or .png"),
+    (["--figure", "/no/such/folder/chart.html"], "does not exist"),
+    (["--prompt", "  "], "prompt"),
+])
+def test_cli_lab_refuses_bad_options_before_loading(tiny_registry, capsys, monkeypatch, extra, needle):
+    """Refused before a model loads or a minute is measured (a bad --figure used to fail after the
+    whole run, losing its result); exit status 2 and one line."""
+    from specviz import pipeline
+    from specviz.cli import main
+
+    monkeypatch.setattr(pipeline, "build_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
+    code = main(["lab", "production", "--models", str(tiny_registry), "--pair", "tiny-draft", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err, err
+
+
+def test_cli_lab_prints_its_result_before_the_figure(tiny_registry, capsys, tmp_path):
+    from specviz.cli import main
+
+    path = tmp_path / "chart.html"
+    code = main(["lab", "production", "--models", str(tiny_registry), "--pair", "tiny-draft", "--prompt", PROMPT,
+                 "--max-new-tokens", "8", "--json", "--figure", str(path)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert code == 0 and json.loads(lines[-1])["event"] == "result" and "plotly" in path.read_text()[:20000].lower()
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 

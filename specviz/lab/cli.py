@@ -5,10 +5,12 @@ JSON lines only, progress records then one ``"event": "result"`` object)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import time
 
+from ..errors import SpecvizError
 from . import EXPERIMENTS
 
 DEFAULT_PROMPT = "What are three tips for staying focused while working from home?"
@@ -43,10 +45,10 @@ def add_parser(sub) -> None:
 def main(args) -> int:
     from functools import partial
 
-    from ..errors import SpecvizError
     from ..pipeline import build_pipeline
     from ..registry import load_registry
     from . import experiment
+    from .broken import BROKEN
     from .common import Progress, Settings
 
     if args.experiment == "list":
@@ -55,17 +57,21 @@ def main(args) -> int:
         return 0
     if args.samples is not None and args.samples < 10:
         raise SpecvizError(f"--samples must be at least 10, got {args.samples}")
+    if args.variant is not None and args.variant not in BROKEN:
+        raise SpecvizError(f"--variant must be one of {', '.join(BROKEN)}; got {args.variant!r}")
+    _check_figure(args.figure)
     mod = experiment(args.experiment)
+    # settings checked before a model loads or a minute is measured
+    s = Settings(prompt=args.prompt, chat=not args.no_chat, seed=args.seed, gamma=args.gamma,
+                 temperature=args.temperature, max_new_tokens=args.max_new_tokens, samples=args.samples,
+                 break_samples=args.break_samples, variant=args.variant, gammas=args.gammas, depths=args.depths,
+                 dtype_control=not args.no_dtype_control)
     reg = load_registry(args.models)
     load = partial(build_pipeline, reg, pair=args.pair, target=args.target, drafter=args.draft,
                    device=args.device, gamma=args.gamma)
     t0 = time.perf_counter()
     pipe = load(dtype=args.dtype)
     loaded = time.perf_counter() - t0
-    s = Settings(prompt=args.prompt, chat=not args.no_chat, seed=args.seed, gamma=args.gamma,
-                 temperature=args.temperature, max_new_tokens=args.max_new_tokens, samples=args.samples,
-                 break_samples=args.break_samples, variant=args.variant, gammas=args.gammas, depths=args.depths,
-                 dtype_control=not args.no_dtype_control)
     t1 = time.perf_counter()
     result = None
     for item in mod.run(pipe, s, load):
@@ -77,9 +83,6 @@ def main(args) -> int:
         else:
             result = item
     took = time.perf_counter() - t1
-    if args.figure:
-        fig = mod.figure(result)
-        fig.write_html(args.figure, config={"displayModeBar": False}) if args.figure.endswith(".html") else fig.write_image(args.figure)
     if args.json:
         print(json.dumps({"event": "result", "experiment": args.experiment, "pair": pipe.name,
                           "seconds": round(took, 1), "load_seconds": round(loaded, 1),
@@ -87,4 +90,28 @@ def main(args) -> int:
     else:
         print(mod.takeaway(result))
         print(f"\n({args.experiment} on {pipe.name}: {took:.1f} s, after {loaded:.1f} s loading)", file=sys.stderr)
+    if args.figure:  # after the result is out: a failed write loses nothing measured
+        fig = mod.figure(result)
+        try:
+            if args.figure.lower().endswith(".html"):
+                fig.write_html(args.figure, config={"displayModeBar": False})
+            else:
+                fig.write_image(args.figure)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise SpecvizError(f"the figure could not be written to {args.figure}: {e}") from None
     return 0
+
+
+def _check_figure(path: str | None) -> None:
+    """--figure: an .html file (or .png where kaleido is installed) in a folder that exists."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".html", ".png"):
+        raise SpecvizError(f"--figure must name an .html or .png file, got {path!r}")
+    if suffix == ".png" and importlib.util.find_spec("kaleido") is None:
+        raise SpecvizError("--figure .png needs the kaleido package (pip install kaleido); .html needs nothing")
+    if not Path(path).resolve().parent.is_dir():
+        raise SpecvizError(f"--figure: the folder {str(Path(path).parent)!r} does not exist")

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 
 from ..drafters import Drafter, PromptLookupDrafter
 from ..engine import MAX_GAMMA, MAX_SEED, DecodeConfig, _whole
+from ..errors import SpecvizError
 from ..pipeline import Pipeline
 from ..sampling import SamplingConfig
 from ..trace import Speedup, Trace, compare_speed
@@ -35,7 +36,15 @@ class Settings:
     dtype_control: bool = True  # same_outputs: also load a bfloat16 copy of the target
 
     def __post_init__(self) -> None:
-        """Gammas and the seed checked before an experiment spends a minute on vanilla decoding."""
+        """The prompt, temperature, gammas and seed checked before an experiment spends a minute on
+        vanilla decoding (the engine checks the rest at its first run)."""
+        if not isinstance(self.prompt, str) or not self.prompt.strip():
+            raise SpecvizError("the prompt is empty: type one or pick an example")
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
+                or self.temperature < 0:
+            raise SpecvizError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.max_new_tokens is not None:
+            self.max_new_tokens = _whole(self.max_new_tokens, "max new tokens", 1)
         if self.gamma is not None:
             self.gamma = _whole(self.gamma, "gamma", 1, MAX_GAMMA)
         if self.gammas is not None:
