@@ -397,7 +397,7 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
                 if bar:
                     bar.clear()
                 print(f"\n## {p.name}: gamma {pg}, temperature {t}, {args.max_new_tokens} new tokens, "
-                      f"{len(prompts)} prompts x {repeats} repeats, {pipe.target.device} "
+                      f"{len(prompts)} prompt{'s' * (len(prompts) != 1)} x {repeats} repeat{'s' * (repeats != 1)}, {pipe.target.device} "
                       f"{str(pipe.target.dtype).replace('torch.', '')}, kernels: {pipe.target.kernels}")
                 print(table(rows))
                 for r in mine:

@@ -9,6 +9,8 @@ cheaper almost everywhere but agrees less often with the fp32 target (per-channe
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..errors import SpecvizError
@@ -38,7 +40,9 @@ def lower_precision_copy(model: torch.nn.Module, precision: str) -> torch.nn.Mod
             raise SpecvizError("int8 dynamic quantisation runs on the CPU only; use precision: bfloat16")
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-        copy = quantize_dynamic(copy, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+        with warnings.catch_warnings():  # torch's notice that quantized tensors are deprecated, at every load
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated")
+            copy = quantize_dynamic(copy, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
     if hasattr(copy, "generation_config") and hasattr(model, "generation_config"):
         copy.generation_config = model.generation_config
     _COPIES.clear()  # one copy at a time: they are as large as (int8: a quarter of) the target
