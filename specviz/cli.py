@@ -158,9 +158,8 @@ def cmd_run(args) -> int:
     cfg = _cfg(args, args.gamma if args.gamma is not None else pipe.gamma)
     stream = (pipe.vanilla if args.vanilla else pipe.speculative)(args.prompt, cfg, chat=not args.no_chat)
     for ev in stream:
-        if args.json:
-            if ev.event != "start":
-                print(json.dumps(to_dict(ev)), flush=True)
+        if args.json:  # the start line records the settings, the kernels and the cost profile (--costs reads it)
+            print(json.dumps(to_dict(ev)), flush=True)
         elif ev.event == "start":
             print(f"{ev.mode} decoding with {ev.drafter['name']} on {ev.target.get('device')} "
                   f"({ev.target.get('dtype')}); prompt {len(ev.prompt_ids)} tokens", file=sys.stderr)

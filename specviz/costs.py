@@ -55,12 +55,26 @@ def load_costs(spec: str | None) -> tuple[float, ...] | None:
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
-        raise SpecvizError(f"--costs: {spec} is neither 'reference', a JSON list nor a JSON file") from None
-    if isinstance(data, dict):  # a saved run: the profile its speculative run used
-        start = next(iter(data.get("speculative") or []), {})
+        data = _start_line(text)  # the JSON lines of `run --json`: its first line is the start event
+        if data is None:
+            raise SpecvizError(f"--costs: {spec} is neither 'reference', a JSON list nor a JSON file") from None
+    if isinstance(data, dict):  # a saved run (the page's export, or run --json's start line): the profile it used
+        start = next(iter(data.get("speculative") or []), {}) if "speculative" in data else data
         data = ((start or {}).get("costs") or {}).get("v") if isinstance(start, dict) else None
         if not data:
             raise SpecvizError(f"--costs: {spec} records no cost profile (its drafter was not cost-aware)")
     if not isinstance(data, list) or not data or not all(isinstance(x, (int, float)) and x > 0 for x in data):
         raise SpecvizError("--costs: a cost profile is a non-empty list of positive numbers")
     return tuple(float(x) for x in data)
+
+
+def _start_line(text: str) -> dict | None:
+    """The start event among JSON lines (what `run --json` prints), or None."""
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            return None
+        if isinstance(row, dict) and row.get("event") == "start":
+            return row
+    return None

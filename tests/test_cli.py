@@ -31,13 +31,28 @@ def test_run_json_contract(capsys, tiny_registry):
                          "--prompt", "hello", "--max-new-tokens", "20", "--json")
     assert code == 0
     rows = [json.loads(line) for line in out.strip().splitlines()]  # stdout is JSON lines only
-    iters, summary = rows[:-1], rows[-1]
+    start, iters, summary = rows[0], rows[1:-1], rows[-1]
+    assert start["event"] == "start" and start["mode"] == "speculative" and "kernels" in start["target"]
     assert all(r["event"] == "iteration" for r in iters) and summary["event"] == "summary"
     for r in iters:
         assert {"proposed", "accepted", "emitted", "draft_ms", "verify_ms"} <= set(r)
         assert isinstance(r["accepted"], int) and isinstance(r["proposed"], list)
     assert summary["output_ids"] == [t for r in iters for t in r["emitted"]]
     assert {"text", "acceptance_rate", "tokens_per_second"} <= set(summary)
+
+
+def test_a_run_json_file_pins_the_cost_profile(capsys, tiny_registry, tmp_path):
+    """`--costs FILE` takes the JSON lines of `run --json` (its start line records the profile the
+    run measured): a second run given that file plans with the very same profile."""
+    base = ["run", "--models", str(tiny_registry), "--pair", "tiny-lookup", "--prompt", "abc abc abc",
+            "--max-new-tokens", "12", "--json"]
+    code, out, _ = cli(capsys, *base)
+    first = json.loads(out.splitlines()[0])
+    assert code == 0 and first["costs"]["v"]
+    saved = tmp_path / "run.jsonl"
+    saved.write_text(out)
+    code, out, _ = cli(capsys, *base, "--costs", str(saved))
+    assert code == 0 and json.loads(out.splitlines()[0])["costs"]["v"] == first["costs"]["v"]
 
 
 def test_run_vanilla_matches_speculative_greedy(capsys, tiny_registry):
