@@ -32,7 +32,7 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair", help="a pair from models.yaml (default: the offline default pair)")
-    p.add_argument("--target", help="a target model from models.yaml, instead of a pair")
+    p.add_argument("--target", help="a target model from models.yaml, instead of a pair (drafting with prompt lookup unless --draft)")
     p.add_argument("--draft", help="with --target or --pair: a draft model name, 'lookup[:N]', 'early-exit[:L]', "
                    "'head[:only]', 'recycling[:only]' or 'self[:int8|bf16]'")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | mps")
