@@ -120,10 +120,16 @@ class TokenText:
         return self.tok.decode(ids, skip_special_tokens=True)
 
 
-def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
-    """Token ids of a prompt: through the chat template when asked and available, else plain."""
+def check_prompt(prompt) -> str:
+    """The prompt, refused when it is no text or only whitespace."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise SpecvizError("the prompt is empty")
+    return prompt
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
+    """Token ids of a prompt: through the chat template when asked and available, else plain."""
+    check_prompt(prompt)
     if chat and getattr(tokenizer, "chat_template", None):
         enc = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
                                             add_generation_prompt=True, tokenize=True)

@@ -7,8 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field, is_dataclass
 
 from ..drafters import Drafter, PromptLookupDrafter
-from ..engine import MAX_GAMMA, MAX_SEED, DecodeConfig, _whole
-from ..errors import SpecvizError
+from ..engine import MAX_GAMMA, MAX_SEED, DecodeConfig, _whole, check_prompt
 from ..pipeline import Pipeline
 from ..sampling import SamplingConfig
 from ..trace import Speedup, Trace, compare_speed
@@ -38,11 +37,8 @@ class Settings:
     def __post_init__(self) -> None:
         """The prompt, temperature, gammas and seed checked before an experiment spends a minute on
         vanilla decoding (the engine checks the rest at its first run)."""
-        if not isinstance(self.prompt, str) or not self.prompt.strip():
-            raise SpecvizError("the prompt is empty: type one or pick an example")
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
-                or self.temperature < 0:
-            raise SpecvizError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        check_prompt(self.prompt)
+        SamplingConfig(temperature=self.temperature)  # the engine's own checks of a temperature
         if self.max_new_tokens is not None:
             self.max_new_tokens = _whole(self.max_new_tokens, "max new tokens", 1)
         if self.gamma is not None:
