@@ -20,7 +20,7 @@ from specviz.exports import Exports
 from specviz.mainthread import MainThreadRunner, StopFlags
 from specviz.pipeline import build_pipeline, resolve_pair
 from specviz.registry import load_registry
-from specviz.view import tokens
+from specviz.view import menus, tokens
 from specviz.view.frames import Frame, FrameMaker, inspector_frame, live_run, replay_frames
 from specviz.view.text import md, md_text, progress_line, waiting_status
 
@@ -61,39 +61,9 @@ def _clamped_preprocess(self: gr.Slider, payload):
     return gr.Slider.preprocess(self, payload)
 
 
-def _drafter_label(p) -> str:
-    """A pair's drafter in a few words: its draft model, else its kind."""
-    return p.draft_model or p.drafter["kind"].replace("_", " ")
-
-
-def _offline_tag(name: str, offline: bool) -> str:
-    return name if offline else f"{name}  (needs the Hub)"
-
-
-def pair_details(pair: str) -> tuple[str, int]:
-    p = REGISTRY.pair(pair)
-    return (f"**{md(p.name)}**: {md(p.description, 300)} (target {md(p.target)}, drafter "
-            f"{md(_drafter_label(p))})", p.gamma)
-
-
 def choice_details(pair: str, target: str | None, drafter: str | None) -> str:
-    """The pair's description, and what actually runs when the page overrides its target or drafter
-    (as ``resolve_pair`` will resolve it at Run)."""
-    text, _ = pair_details(pair)
-    custom_target, custom_drafter = _custom(target), _custom(drafter)
-    if not (custom_target or custom_drafter):
-        return text
-    try:
-        runs = resolve_pair(REGISTRY, None if custom_target else pair, custom_target, custom_drafter)
-    except SpecvizError:
-        return text  # Run will say what is wrong with the choice
-    return (f"{text}\n\n**Runs instead** (chosen below): target {md(runs.target)}, drafter "
-            f"{md(custom_drafter or _drafter_label(runs))}")
-
-
-def model_choices(names) -> list[tuple[str, str]]:
-    """Dropdown entries for models: the name, tagged when its weights must come from the Hub."""
-    return [(_offline_tag(n, REGISTRY.models[n].offline_source() is not None), n) for n in names]
+    """The pair's text for the page's menus as they stand ((the pair's) for its own)."""
+    return menus.choice_details(REGISTRY, pair, _custom(target), _custom(drafter))
 
 
 def _session(request: gr.Request | None) -> str:
@@ -147,7 +117,7 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
             return
         if backend and backend != "specviz":
             if custom_drafter:  # vLLM would run the pair's own method and silently drop the choice
-                raise SpecvizError(f"vLLM runs the pair's own drafting ({_drafter_label(REGISTRY.pair(pair))}), "
+                raise SpecvizError(f"vLLM runs the pair's own drafting ({menus.drafter_label(REGISTRY.pair(pair))}), "
                                    f"not {custom_drafter}: set Drafter to {PAIR_CHOICE}")
             pipe = None
             for item in vllm_backend(pair, backend, vllm_url):
@@ -273,15 +243,13 @@ def try_case(kind: str):
 
 def build_demo() -> gr.Blocks:
     default_pair = REGISTRY.default()
-    details, gamma0 = pair_details(default_pair)
+    gamma0 = REGISTRY.pair(default_pair).gamma
     with gr.Blocks(title="specviz: speculative decoding, live", delete_cache=(900, 3600)) as demo:
         gr.Markdown(INTRO)
         with gr.Row():
             with gr.Column(scale=2, min_width=320):
-                pair = gr.Dropdown([(_offline_tag(p.name, off), p.name)
-                                    for p, off in REGISTRY.ordered_pairs()], value=default_pair,
-                                   label="Model pair (models.yaml)")
-                pair_md = gr.Markdown(details)
+                pair = gr.Dropdown(menus.pair_choices(REGISTRY), value=default_pair, label="Model pair (models.yaml)")
+                pair_md = gr.Markdown(menus.pair_details(REGISTRY, default_pair))
                 prompt = gr.Textbox(value=EXAMPLES[1]["prompt"], lines=5, label="Prompt", elem_id="sv-prompt")
                 gr.Examples([[e["prompt"]] for e in EXAMPLES], inputs=[prompt], cache_examples=False,
                             label="Examples: chat, summary, code, maths, translation",
@@ -306,9 +274,9 @@ def build_demo() -> gr.Blocks:
                 costs = gr.Radio([("measured on this machine", "measured"), ("reference (reproducible)", "reference")],
                                  value="measured", label="Cost profile for the lookup drafter's lengths")
                 with gr.Accordion("Choose target and drafter separately", open=False):
-                    target = gr.Dropdown([PAIR_CHOICE] + model_choices(REGISTRY.models), value=PAIR_CHOICE,
+                    target = gr.Dropdown([PAIR_CHOICE] + menus.model_choices(REGISTRY, REGISTRY.models), value=PAIR_CHOICE,
                                          label="Target model")
-                    drafter = gr.Dropdown([PAIR_CHOICE] + drafters.choices([]) + model_choices(REGISTRY.models), value=PAIR_CHOICE,
+                    drafter = gr.Dropdown([PAIR_CHOICE] + drafters.choices([]) + menus.model_choices(REGISTRY, REGISTRY.models), value=PAIR_CHOICE,
                                           label="Drafter (model, lookup, early-exit:L)")
                 with gr.Accordion("Backend: specviz's engine or vLLM", open=False):
                     backend = gr.Radio([("specviz engine (p and q for every token)", "specviz"),

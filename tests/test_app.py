@@ -487,10 +487,13 @@ def test_preload_measures_the_cost_profile_in_the_decode_queue(monkeypatch):
 def test_model_menus_tag_hub_models_and_the_pair_text_says_what_runs(tiny_app):
     """The target and drafter menus mark a model that must come from the Hub, as the pair menu
     does; choosing a target or drafter below rewrites the pair's text to what will really run."""
-    entries = dict((value, label) for label, value in tiny_app.model_choices(tiny_app.REGISTRY.models))
+    from specviz.view import menus
+
+    reg = tiny_app.REGISTRY
+    entries = dict((value, label) for label, value in menus.model_choices(reg, reg.models))
     assert entries["hub-only"].endswith("(needs the Hub)") and entries["tiny-target"] == "tiny-target"
     own = tiny_app.choice_details("tiny-draft", tiny_app.PAIR_CHOICE, tiny_app.PAIR_CHOICE)
-    assert own == tiny_app.pair_details("tiny-draft")[0] and "instead" not in own
+    assert own == menus.pair_details(reg, "tiny-draft") and "instead" not in own
     swapped = plain(tiny_app.choice_details("tiny-draft", tiny_app.PAIR_CHOICE, "early-exit:2"))
     assert "Runs instead" in swapped and "target tiny-target, drafter early-exit:2" in swapped
     alone = plain(tiny_app.choice_details("tiny-draft", "tiny-target", None))

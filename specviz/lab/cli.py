@@ -9,6 +9,7 @@ import importlib.util
 import json
 import sys
 import time
+from pathlib import Path
 
 from ..errors import SpecvizError
 from . import EXPERIMENTS
@@ -106,8 +107,6 @@ def _check_figure(path: str | None) -> None:
     """--figure: an .html file (or .png where kaleido is installed) in a folder that exists."""
     if path is None:
         return
-    from pathlib import Path
-
     suffix = Path(path).suffix.lower()
     if suffix not in (".html", ".png"):
         raise SpecvizError(f"--figure must name an .html or .png file, got {path!r}")
