@@ -30,7 +30,7 @@ from .trace import PositionTally
 # A verify pass scores gamma + 1 tokens; the exact mode keeps a token's bits in passes of up to 32
 # (backends/exact.py, MAX_ROWS), so gamma stops at 31 everywhere (page, CLI, API, bench, lab).
 MAX_GAMMA = 31
-MAX_SEED = 2 ** 63 - 1  # torch.Generator's seed range
+MAX_SEED = 2 ** 64 - 1  # torch.Generator's seed range (it reads a negative seed as 2 ** 64 + seed)
 
 TOP_N = 5  # how many top tokens each event keeps per distribution (for the inspector)
 

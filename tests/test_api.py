@@ -19,6 +19,7 @@ from specviz.api.generate import TextStream  # noqa: E402
 from specviz.api.snippets import request_body, snippets  # noqa: E402
 from specviz.engine import DecodeConfig  # noqa: E402
 from specviz.pipeline import build_pipeline  # noqa: E402
+from specviz.sampling import SamplingConfig  # noqa: E402
 from specviz.registry import load_registry  # noqa: E402
 
 PROMPT = "abc abc abc"
@@ -430,3 +431,21 @@ def test_one_gamma_limit_everywhere_within_the_exact_passes():
     DecodeConfig(gamma=MAX_GAMMA)
     with pytest.raises(SpecvizError, match="between 1 and 31"):
         DecodeConfig(gamma=MAX_GAMMA + 1)
+
+
+def test_any_int64_seed_is_taken_and_a_negative_one_seeds_as_torch_reads_it(client, tiny_reg):
+    """OpenAI's seed is an int64: a negative seed reproduces, is echoed as given, and draws what the
+    engine draws from its two's complement (torch's own reading of a negative seed)."""
+    pipe = build_pipeline(tiny_reg, pair=tiny_reg.default(), device=app_module.DEVICE, dtype=app_module.DTYPE)
+    ids = pipe.encode(PROMPT, chat=False)
+    cfg = DecodeConfig(max_new_tokens=12, seed=2 ** 64 - 7, sampling=SamplingConfig(temperature=1.0))
+    *_, ref = pipe.vanilla(ids, cfg)
+    for _ in range(2):
+        r = client.completions.create(model="tiny-target", prompt=PROMPT, max_tokens=12, temperature=1.0, seed=-7)
+        assert r.choices[0].text == ref.text
+        assert r.usage.speculative["seed"] == -7
+    for seed in (-2 ** 63, 2 ** 63 - 1):
+        assert client.completions.create(model="tiny-target", prompt=PROMPT, max_tokens=2, seed=seed).usage.completion_tokens == 2
+    for seed in (-2 ** 63 - 1, 2 ** 63):
+        e = _err(client, seed=seed)
+        assert (e.status_code, e.body["param"]) == (400, "seed") and "between" in e.body["message"]

@@ -142,8 +142,9 @@ def config(req: GenRequest, p: Plan) -> DecodeConfig:
     try:
         sampling = SamplingConfig(req.temperature, req.top_k, req.top_p)
         seed = req.seed if req.seed is not None else secrets.randbelow(2 ** 31)
+        # a negative int64 seeds the generator as torch itself reads it (two's complement)
         return DecodeConfig(gamma=p.gamma or DEFAULT_GAMMA, max_new_tokens=req.max_tokens, sampling=sampling,
-                            seed=seed)
+                            seed=seed % 2 ** 64)
     except SpecvizError as e:
         raise bad(str(e)) from None
 
@@ -204,7 +205,8 @@ def decode(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, p: Plan, stops: li
              "drafter": None, "num_speculative_tokens": cfg.gamma if p.speculative else 0,
              "target_passes": 0, "proposed": 0, "accepted": 0, "acceptance_rate": None, "tokens_per_pass": None,
              "prefill_ms": 0.0, "draft_ms": 0.0, "verify_ms": 0.0, "decode_ms": 0.0,
-             "queue_ms": round(queued_s * 1000.0, 1), "seed": cfg.seed}
+             "queue_ms": round(queued_s * 1000.0, 1),
+             "seed": cfg.seed - 2 ** 64 if cfg.seed >= 2 ** 63 else cfg.seed}  # as the request gave it (int64)
     if p.pair:
         stats["pair"] = p.pair
     finish = "length"

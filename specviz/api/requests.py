@@ -284,7 +284,7 @@ def parse(body, kind: str, limits: Limits) -> GenRequest:
     if body.get("top_k") is not None:
         req.top_k = _int(body["top_k"], "top_k", 0, what="a whole number (0 = off)")
     if body.get("seed") is not None:
-        req.seed = _int(body["seed"], "seed", 0, 2 ** 63 - 1)
+        req.seed = _int(body["seed"], "seed", -2 ** 63, 2 ** 63 - 1)  # OpenAI's int64
     req.stop = _stop(body.get("stop"))
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
