@@ -27,11 +27,26 @@ class CheckResult:
     accept_rate: float | None
     tv_noise: float = 0.0  # median TV of as many exact draws from the target: what sampling noise alone gives
 
-    def to_dict(self) -> dict:
+    def to_dict(self, tokenizer=None, top: int = 20) -> dict:
+        """The statistics, and the two distributions side by side: every token sampled at least once
+        and the target's ``top`` likeliest (id, text where a tokenizer is given, target p, samples),
+        likeliest first, then the rest of the vocabulary as one entry (the whole vocabulary would be
+        ~50k entries of near-zero mass)."""
         tested = self.dof > 0  # too few samples for the test: no statistic, no p-value (null)
+        shown = set(sorted(self.exact, key=self.exact.get, reverse=True)[:top]) | set(self.counts)
+        rows = []
+        for t in sorted(shown, key=lambda t: (-self.exact.get(t, 0.0), t)):
+            row = {"id": int(t), "p": self.exact.get(t, 0.0), "count": self.counts.get(t, 0),
+                   "freq": self.counts.get(t, 0) / self.samples}
+            if tokenizer is not None:
+                row["text"] = tokenizer.decode([t])
+            rows.append(row)
         return {"samples": self.samples, "tv": self.tv, "tv_noise": self.tv_noise,
                 "chi2": self.chi2 if tested else None, "dof": self.dof,
-                "p_value": self.p_value if tested else None, "acceptance_rate": self.accept_rate}
+                "p_value": self.p_value if tested else None, "acceptance_rate": self.accept_rate,
+                "tokens": rows,
+                "others": {"p": max(0.0, 1.0 - sum(r["p"] for r in rows)),
+                           "count": self.samples - sum(r["count"] for r in rows)}}
 
 
 def tv_of_exact_draws(exact: dict[int, float], n: int, trials: int = 200, seed: int = 0) -> float:

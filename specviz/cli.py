@@ -186,7 +186,7 @@ def cmd_check(args) -> int:
     ids = pipe.encode(args.prompt, chat=not args.no_chat)
     res = first_token_check(pipe.target_lm, pipe.drafter, pipe.tokenizer, ids, cfg, args.samples)
     if args.json:
-        print(json.dumps(res.to_dict()))
+        print(json.dumps(res.to_dict(pipe.tokenizer)))
         return 0
     tok = pipe.tokenizer
     top = sorted(res.exact, key=res.exact.get, reverse=True)[:10]

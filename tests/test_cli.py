@@ -77,6 +77,14 @@ def test_check_json(capsys, tiny_registry):
                        "--prompt", "ab ab a", "--samples", "300", "--json", "--no-chat")
     res = json.loads(out)
     assert code == 0 and 0 <= res["tv"] <= 1 and 0 <= res["p_value"] <= 1
+    # the two distributions: every sampled token and the target's likeliest, with the rest as one entry
+    rows, others = res["tokens"], res["others"]
+    assert sum(r["count"] for r in rows) + others["count"] == 300 and others["count"] == 0
+    assert sum(r["p"] for r in rows) + others["p"] == pytest.approx(1.0)
+    assert [r["p"] for r in rows] == sorted((r["p"] for r in rows), reverse=True)
+    assert all(r["freq"] == r["count"] / 300 and isinstance(r["text"], str) for r in rows)
+    tv = 0.5 * (sum(abs(r["p"] - r["freq"]) for r in rows) + others["p"])  # the TV the check printed
+    assert tv == pytest.approx(res["tv"], abs=1e-6)  # the target p sums to 1 within float32
 
 
 @pytest.mark.parametrize("argv,needle", [
