@@ -264,9 +264,9 @@ def build_demo() -> gr.Blocks:
                     max_new = clamped(gr.Slider(8, 512, value=96, step=8, label="Max new tokens"))
                 with gr.Row():
                     temperature = clamped(gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)"))
-                    seed = gr.Number(value=0, precision=0, label="Seed")
+                    seed = gr.Number(value=0, label="Seed")  # no precision: a typed 1.5 is refused, not rounded
                 with gr.Row():
-                    top_k = gr.Number(value=0, precision=0, label="Top-k (0 = off)")
+                    top_k = gr.Number(value=0, label="Top-k (0 = off)")
                     top_p = clamped(gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p (1 = off)"))
                 with gr.Row():
                     chat = gr.Checkbox(value=True, label="Chat template")
@@ -357,7 +357,7 @@ def lab_tab(inputs: dict) -> None:
                            device=DEVICE)
             yield f"● loading the pair for **{md(EXPERIMENTS[name][1])}**…", gr.skip(), gr.skip(), gr.skip()
             pipe = load(dtype=DTYPE)
-            s = Settings(prompt=prompt, chat=bool(chat), seed=int(seed or 0), temperature=float(temperature or 0),
+            s = Settings(prompt=prompt, chat=bool(chat), seed=0 if seed in (None, "") else seed, temperature=float(temperature or 0),
                          variant=variant)
             stream = RUNNER.turns(lambda: mod.run(pipe, s, load),
                                   on_wait=waiting_status)

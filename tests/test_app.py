@@ -86,6 +86,17 @@ def test_typed_slider_values_are_clamped_not_refused():
         assert s.preprocess(mid) == pytest.approx(mid)
 
 
+def test_typed_whole_numbers_reach_the_handlers_as_typed():
+    """The seed and top-k boxes hand a typed 1.5 to the handlers, which refuse it by name; gradio's
+    Number(precision=0) rounded it to 2 and ran a setting nobody asked for."""
+    import gradio as gr
+
+    boxes = {b.label: b for b in app_module.demo.blocks.values() if isinstance(b, gr.Number)}
+    for label in ("Seed", "Top-k (0 = off)"):
+        assert boxes[label].preprocess(1.5) == 1.5, label
+        assert boxes[label].preprocess(3) == 3, label
+
+
 def test_handler_streams_and_summarises(tiny_app, every_state):
     frames = list(tiny_app.run_decoding(*args()))
     assert len(frames) >= 4  # loading/prefill, several iterations, the end
@@ -237,7 +248,7 @@ def test_replayed_html_is_inert(tiny_app, uploads):
 
 @pytest.mark.parametrize("kw,needle", [
     ({"gamma": 0}, "gamma"), ({"temperature": -1}, "temperature"), ({"temperature": 1e-39}, "temperature"),
-    ({"prompt": "  "}, "empty"), ({"top_k": 1.5}, "top-k"), ({"max_new": None}, "max new tokens"),
+    ({"prompt": "  "}, "empty"), ({"top_k": 1.5}, "top-k"), ({"seed": 1.5}, "seed"), ({"seed": -1}, "seed"), ({"max_new": None}, "max new tokens"),
     ({"pair": "tiny-mismatch"}, "tokenizers"), ({"target": "hub-only"}, "could not load"),
 ])
 def test_bad_input_is_a_message_not_a_crash(tiny_app, kw, needle):

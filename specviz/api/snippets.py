@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from ..engine import _whole
+
 MAX_SNIPPET_PROMPT = 2000
 
 
@@ -20,10 +22,10 @@ def request_body(model: str, prompt: str, chat: bool = True, draft_model: str | 
     body["temperature"] = float(temperature)
     if top_p is not None and float(top_p) < 1:
         body["top_p"] = float(top_p)
-    if top_k and int(top_k) > 0:
+    if top_k and _whole(top_k, "top-k", 0) > 0:
         body["top_k"] = int(top_k)
     if seed is not None:
-        body["seed"] = int(seed)
+        body["seed"] = _whole(seed, "seed", 0)
     if draft_model:
         spec: dict = {"draft_model": draft_model}
         if num_speculative_tokens:
