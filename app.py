@@ -3,6 +3,7 @@ specviz/ (which never imports gradio); a handler turns specviz's frames into com
 
 from __future__ import annotations
 
+import html
 import os
 import threading
 import types
@@ -71,7 +72,7 @@ def _session(request: gr.Request | None) -> str:
 
 
 def _error(message: str, ran: bool = True) -> dict:
-    gr.Warning(message)
+    gr.Warning(html.escape(message))  # the toast renders HTML: a replay's or a URL's text must stay text
     stale = "" if ran else " Nothing ran: anything shown below is from an earlier run."
     return {C["status"]: f"**Error:** {md(message, 400)}{stale}"}
 
@@ -208,8 +209,13 @@ def replay(file, request: gr.Request = None):
     except ValueError as e:
         yield _error(f"cannot replay this file: {e}", ran=False)
         return
-    for frame in replay_frames(spec, vanilla, meta.get("saved", "undated")):
-        yield _updates(frame)
+    try:
+        for frame in replay_frames(spec, vanilla, meta.get("saved", "undated")):
+            yield _updates(frame)
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as e:
+        # a crafted file can pass the loader's checks and still hold values no run makes (running
+        # totals beyond the tokens, a token list where a text belongs): a message, not a crash
+        yield _error(f"cannot replay this file past this point: {type(e).__name__}: {e}")
 
 
 def inspect(runs, index):

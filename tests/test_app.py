@@ -509,3 +509,27 @@ def test_model_menus_tag_hub_models_and_the_pair_text_says_what_runs(tiny_app):
     assert "Runs instead" in swapped and "target tiny-target, drafter early-exit:2" in swapped
     alone = plain(tiny_app.choice_details("tiny-draft", "tiny-target", None))
     assert "target tiny-target, drafter prompt lookup" in alone  # a target alone runs with lookup
+
+
+def test_warning_toasts_show_text_not_html(monkeypatch):
+    """gradio's toast renders HTML: an error quoting a replay's field or a typed URL must stay text."""
+    shown = []
+    monkeypatch.setattr(app_module.gr, "Warning", shown.append)
+    out = app_module._error("bad <img src=x onerror=alert(1)> and <h1>big</h1>")
+    assert shown == ["bad &lt;img src=x onerror=alert(1)&gt; and &lt;h1&gt;big&lt;/h1&gt;"]
+    assert not re.search(r"(?<!\\)<", next(iter(out.values())))  # the status: Markdown, escaped
+
+
+@pytest.mark.parametrize("edit", [
+    lambda its: its[-1].__setitem__("accepted_total", 100),  # more kept than proposed: an acceptance rate of 4.8
+    lambda its: [e["correction"].__setitem__("top", [[1, {"a": 1}, 0.5]]) for e in its if e.get("correction")],
+])
+def test_replay_of_impossible_running_totals_ends_in_a_message(tiny_app, uploads, edit):
+    """Values no run makes that pass the loader's field checks end the replay with a message (the
+    handler raised, and the page showed gradio's bare "Error" badges)."""
+    last = final_of(tiny_app.run_decoding(*args()))
+    data = json.load(open(last["export"]))
+    its = [e for e in data["speculative"] if e.get("event") == "iteration"]
+    edit(its)
+    final = final_of(tiny_app.replay(_upload(uploads, json.dumps(data))))
+    assert final["status"].startswith("**Error:**") and "cannot replay this file" in plain(final["status"])

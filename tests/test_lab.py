@@ -259,3 +259,21 @@ def test_production_advice_fits_each_drafter_kind():
                 assert c["command"].startswith("vllm serve HuggingFaceTB/SmolLM2-135M-Instruct "), label
     assert "first-22-layers" in configs(cases["early exit"][0], 10)[0]["command"]
     assert "no equivalent" in configs(cases["head"][0], 10)[0]["note"]
+
+
+def test_same_outputs_never_calls_an_untested_sample_a_failure():
+    """At a high temperature no token may be expected 5 times: chi-square has no p-value (NaN). The
+    takeaway said "NOT the target's distribution" (nan >= alpha is False); it says no test ran."""
+    from specviz.lab.same_outputs import Check, SameOutputsResult, takeaway
+
+    nan = float("nan")
+    untested = Check("correct", "lookup", 200, 0.877, 0.0, 0, nan, {})
+    assert not untested.tested and untested.passed
+    text = takeaway(SameOutputsResult("p", "x", temperature=2.0, real=untested))
+    assert "NOT" not in text and "no chi-square test" in text and "nan" not in text
+    failing = Check("correct", "lookup", 200, 0.5, 99.0, 3, 1e-9, {})
+    assert failing.tested and not failing.passed
+    assert "NOT the target's distribution" in takeaway(SameOutputsResult("p", "x", temperature=1.0, real=failing))
+    broken = [Check("correct", "lookup", 200, 0.1, 1.0, 3, 0.5, {}), Check("raw_q", "lookup", 200, 0.9, 0.0, 0, nan, {})]
+    text = takeaway(SameOutputsResult("p", "x", broken=broken, break_drafter="lookup"))
+    assert "catches 0 of 1" in text and "misses raw_q" in text

@@ -66,8 +66,14 @@ class Check:
     law_tv: float | None = None  # the rule's exact distance from p there (0 for the correct rule)
 
     @property
+    def tested(self) -> bool:
+        """Whether a chi-square test ran: none where no token is expected 5 times (its p-value is NaN)."""
+        return self.dof > 0 and self.p_value == self.p_value
+
+    @property
     def passed(self) -> bool:
-        return self.p_value >= ALPHA
+        """No evidence against the target's distribution (an untested check is no evidence either way)."""
+        return not self.tested or self.p_value >= ALPHA
 
 
 @dataclass
@@ -220,12 +226,19 @@ def takeaway(res: SameOutputsResult) -> str:
         lines.append(f"Greedy, {g.verdict()}.")
     if res.real is not None:
         r = res.real
-        verdict = "consistent with the target's distribution" if r.passed else "NOT the target's distribution"
+        if not r.tested:
+            verdict = ("no chi-square test: at this temperature the target spreads its mass so thin that no "
+                       "token is expected 5 times in these samples, so they can neither confirm nor refute it "
+                       "(a lower temperature tests it)")
+            test = "no p-value"
+        else:
+            verdict = "consistent with the target's distribution" if r.passed else "NOT the target's distribution"
+            test = f"chi-square p-value {r.p_value:.3f}"
         lines.append(f"Sampled (T = {res.temperature:g}), {r.samples} real speculative iterations with "
-                     f"{r.drafter}: TV distance {r.tv:.3f}, chi-square p-value {r.p_value:.3f}: {verdict}.")
+                     f"{r.drafter}: TV distance {r.tv:.3f}, {test}: {verdict}.")
     if res.broken:
-        caught = [c for c in res.broken if c.rule != "correct" and not c.passed]
-        missed = [c.rule for c in res.broken if c.rule != "correct" and c.passed]
+        caught = [c for c in res.broken if c.rule != "correct" and c.tested and not c.passed]
+        missed = [c.rule for c in res.broken if c.rule != "correct" and (c.passed or not c.tested)]
         ok = next((c for c in res.broken if c.rule == "correct"), None)
         parts = ", ".join(f"{c.rule} p = {c.p_value:.0e}" for c in caught)
         lines.append(f"Break it ({res.broken[0].samples} draws per rule on the real p and q of {res.break_drafter}, "
