@@ -1,4 +1,4 @@
-"""python -m specviz: pairs | run | check | bench.
+"""python -m specviz: pairs | run | check | bench | lab | vllm-serve.
 
 Errors a user can fix exit with status 2 and one line on standard error, no traceback.
 """

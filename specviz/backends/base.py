@@ -3,7 +3,7 @@
 The engine keeps one invariant: the target has cached the first ``cached`` tokens of the running
 sequence. ``feed`` appends tokens and returns their logits; ``rollback`` crops rejected positions
 off the end. Nothing else of a backend is visible to the engine, ``check`` or ``exactness``
-(tests/test_engine.py drives the engine with a stub target that has only these).
+(tests/test_defects.py drives the engine with a stub target that has only these).
 """
 
 from __future__ import annotations
