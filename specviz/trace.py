@@ -251,6 +251,7 @@ def runs_from_json(data) -> tuple[Trace, Trace | None, dict]:
             if (ev.event == "start") != (i == 0) or (ev.event == "summary" and i != len(raw) - 1):
                 raise SchemaError(f"{part}[{i}]: a run is one start event, its iterations, then one summary")
             trace.add(ev)
+        _check_running_totals(trace, part)
         if trace.summary is not None:
             emitted = sum(len(e.emitted) for e in trace.iterations)
             if trace.summary.new_tokens != emitted or len(trace.summary.output_ids) != emitted:
@@ -261,6 +262,30 @@ def runs_from_json(data) -> tuple[Trace, Trace | None, dict]:
     if spec.start is None:
         raise SchemaError("the run file has no start event")
     return spec, (van if van.start else None), meta
+
+
+def _check_running_totals(trace: Trace, part: str) -> None:
+    """Each iteration's running totals are the sums of the iterations so far, and its clock only moves
+    forward: the summary, the throughput chart and the speedup read them (a file claiming 10^12 tokens
+    in its last iteration showed a speedup of millions; a clock that went back, a negative one)."""
+    tokens = proposed = accepted = 0
+    clock = 0.0
+    for i, e in enumerate(trace.iterations, start=1):  # the file's list: the start event, then these
+        tokens, proposed, accepted = tokens + len(e.emitted), proposed + len(e.proposed), accepted + e.accepted
+        where = f"{part}[{i}]"
+        for name, total in (("tokens_total", tokens), ("proposed_total", proposed), ("accepted_total", accepted)):
+            if getattr(e, name) != total:
+                raise SchemaError(f"{where}.{name}: {_show_int(getattr(e, name))} is not the running total "
+                                  f"of the iterations so far ({total})")
+        if e.elapsed_ms < clock:
+            raise SchemaError(f"{where}.elapsed_ms: {e.elapsed_ms:g} is earlier than the step before it "
+                              f"({clock:g}); a run's clock only moves forward")
+        clock = e.elapsed_ms
+
+
+def _show_int(x) -> str:
+    s = repr(x)
+    return s if len(s) <= 24 else s[:20] + "…"
 
 
 def load_runs(path) -> tuple[Trace, Trace | None, dict]:
