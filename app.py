@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import os
 import threading
-import types
 from pathlib import Path
 
 import gradio as gr
@@ -47,10 +46,17 @@ STOPS = StopFlags()  # (session, "run" | "lab") -> the flag its Stop button sets
 def clamped(slider: gr.Slider) -> gr.Slider:
     """The slider, its number box clamping what the visitor types to the range. gradio's own raises on a
     value out of range, before any handler: every change then answered HTTP 500 (the API snippet's
-    refresh, a Run) while the box showed the clamped value. (Patched on the instance: a subclass of a
-    gradio component makes gradio write a type stub beside app.py at every start.)"""
-    slider.preprocess = types.MethodType(_clamped_preprocess, slider)
+    refresh, a Run) while the box showed the clamped value. The clamp sits on the class, not the
+    instance: a run that changes a slider's range (the inspector's Iteration) makes gradio keep a fresh
+    `Slider(**kwargs)` for the session, which an instance patch would not reach. (Not a subclass: a
+    subclass of a gradio component makes gradio write a type stub beside app.py at every start.) Every
+    slider on this page is made through here."""
+    if gr.Slider.preprocess is not _clamped_preprocess:
+        gr.Slider.preprocess = _clamped_preprocess
     return slider
+
+
+_SLIDER_PREPROCESS = gr.Slider.preprocess
 
 
 def _clamped_preprocess(self: gr.Slider, payload):
@@ -59,7 +65,7 @@ def _clamped_preprocess(self: gr.Slider, payload):
             payload = max(payload, self.minimum)
         if self.maximum is not None:
             payload = min(payload, self.maximum)
-    return gr.Slider.preprocess(self, payload)
+    return _SLIDER_PREPROCESS(self, payload)
 
 
 def choice_details(pair: str, target: str | None, drafter: str | None) -> str:
@@ -74,7 +80,8 @@ def _session(request: gr.Request | None) -> str:
 def _error(message: str, ran: bool = True) -> dict:
     gr.Warning(html.escape(message))  # the toast renders HTML: a replay's or a URL's text must stay text
     stale = "" if ran else " Nothing ran: anything shown below is from an earlier run."
-    return {C["status"]: f"**Error:** {md(message, 400)}{stale}"}
+    end = "" if message.rstrip().endswith((".", "!", "?")) or not stale else "."
+    return {C["status"]: f"**Error:** {md(message.rstrip(), 400)}{end}{stale}"}
 
 
 def _custom(choice: str | None) -> str | None:
@@ -356,12 +363,16 @@ def lab_tab(inputs: dict) -> None:
     def run_lab(name, variant, pair, target, drafter, prompt, chat, temperature, seed, request: gr.Request = None):
         session = _session(request)
         halt = STOPS.open(session, "lab")
+        title = md(EXPERIMENTS[name][1]) if name in EXPERIMENTS else md(str(name))
+        drawn = False  # whether this experiment has drawn a chart yet
         try:
+            # the previous experiment's chart, takeaway and file go first: a Stop or an error before this
+            # one draws must not leave them on the page as if they were its result
+            yield f"● loading the pair for **{title}**…", None, "", None
             mod = experiment(name)
             pair, custom_target, custom_drafter = _chosen(pair, target, drafter, prompt)
             load = partial(build_pipeline, REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
                            device=DEVICE)
-            yield f"● loading the pair for **{md(EXPERIMENTS[name][1])}**…", gr.skip(), gr.skip(), gr.skip()
             pipe = load(dtype=DTYPE)
             s = Settings(prompt=prompt, chat=bool(chat), seed=0 if seed in (None, "") else seed, temperature=float(temperature or 0),
                          variant=variant)
@@ -369,19 +380,20 @@ def lab_tab(inputs: dict) -> None:
                                   on_wait=waiting_status)
             for item in stream:
                 if halt.is_set():  # Stop: the partial chart stays; compute no further
-                    yield f"■ stopped: **{md(EXPERIMENTS[name][1])}** (the chart shows what ran)", \
-                        gr.skip(), gr.skip(), gr.skip()
+                    shown = "the chart shows what ran" if drawn else "stopped before anything was measured"
+                    yield f"■ stopped: **{title}** ({shown})", gr.skip(), gr.skip(), gr.skip()
                     break
                 if isinstance(item, str):
                     yield item, gr.skip(), gr.skip(), gr.skip()
                 elif isinstance(item, Progress):
                     fig = mod.figure(item.partial) if item.partial is not None else gr.skip()
+                    drawn = drawn or item.partial is not None
                     yield progress_line(item.fraction, item.done, item.total, item.message), fig, gr.skip(), gr.skip()
                 else:
                     path = EXPORTS.save_json(_session(request), f"specviz-lab-{name}", {  # bounded, private
                         "experiment": name, "pair": pipe.name, "settings": s.to_json(),
                         "result": item.to_json(), "takeaway": mod.takeaway(item)})
-                    yield (f"■ done: **{md(EXPERIMENTS[name][1])}** on {md(pipe.name)}", mod.figure(item),
+                    yield (f"■ done: **{title}** on {md(pipe.name)}", mod.figure(item),
                            md_text(mod.takeaway(item), 4000), path)
         except SpecvizError as e:
             yield f"**Error:** {md(str(e), 400)}", gr.skip(), gr.skip(), gr.skip()

@@ -39,13 +39,13 @@ class Exactness:
         if self.identical:
             return "identical to vanilla"
         if self.margin is None:
-            return f"differs from vanilla at new token {self.index}"
+            return f"differs from vanilla at new token {self.index + 1}"
         if self.exact_kernels:
             kind = "a BUG: the kernels are row-invariant, so numerics cannot explain it"
         else:
             tie = NEAR_TIE.get(self.dtype, NEAR_TIE["float32"])
             kind = "a near tie (numerics)" if self.margin < tie else "NOT a near tie"
-        return (f"differs from vanilla at new token {self.index} (top-2 logit margin "
+        return (f"differs from vanilla at new token {self.index + 1} (top-2 logit margin "
                 f"{self.margin:.2e}: {kind})")
 
 

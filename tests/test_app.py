@@ -84,6 +84,13 @@ def test_typed_slider_values_are_clamped_not_refused():
         assert s.preprocess(s.maximum + 1000) == s.maximum and s.preprocess(s.minimum - 5) == s.minimum
         mid = s.minimum + (s.maximum - s.minimum) / 2 if s.step is None else s.minimum + s.step
         assert s.preprocess(mid) == pytest.approx(mid)
+    # A run sets the Iteration slider's range; gradio then keeps a fresh Slider(**kwargs) for the
+    # session (blocks.py, prop updates) and preprocesses with it: 999 typed must still clamp.
+    it = app_module.C["iteration"]
+    kwargs = {**it.constructor_args, "maximum": 7, "render": False}
+    kwargs.pop("value", None)
+    fresh = type(it)(**kwargs)
+    assert fresh.preprocess(999) == 7 and fresh.preprocess(-3) == 0 and fresh.preprocess(4) == 4
 
 
 def test_typed_whole_numbers_reach_the_handlers_as_typed():
@@ -521,10 +528,9 @@ def test_warning_toasts_show_text_not_html(monkeypatch):
 
 
 @pytest.mark.parametrize("edit", [
-    lambda its: its[-1].__setitem__("accepted_total", 100),  # more kept than proposed: an acceptance rate of 4.8
     lambda its: [e["correction"].__setitem__("top", [[1, {"a": 1}, 0.5]]) for e in its if e.get("correction")],
 ])
-def test_replay_of_impossible_running_totals_ends_in_a_message(tiny_app, uploads, edit):
+def test_replay_of_values_no_run_makes_ends_in_a_message(tiny_app, uploads, edit):
     """Values no run makes that pass the loader's field checks end the replay with a message (the
     handler raised, and the page showed gradio's bare "Error" badges)."""
     last = final_of(tiny_app.run_decoding(*args()))
@@ -533,3 +539,56 @@ def test_replay_of_impossible_running_totals_ends_in_a_message(tiny_app, uploads
     edit(its)
     final = final_of(tiny_app.replay(_upload(uploads, json.dumps(data))))
     assert final["status"].startswith("**Error:**") and "cannot replay this file" in plain(final["status"])
+
+
+def test_a_lab_run_first_clears_the_last_result_and_a_stop_before_any_chart_says_so(tiny_app):
+    """Stopping an experiment early left the previous experiment's chart, takeaway and JSON on the
+    page under the new one's "stopped" line, as if they were its result."""
+    fn = next(f.fn for f in tiny_app.demo.fns.values() if f.name == "run_lab_gamma_sweep")
+    gen = fn("raw_q", "tiny-draft", tiny_app.PAIR_CHOICE, tiny_app.PAIR_CHOICE, "abc abc abc", True, 0.0, 0)
+    status, plot, takeaway, export = next(gen)
+    assert "loading" in status and (plot, takeaway, export) == (None, "", None)
+    tiny_app.stop_lab()
+    rest = list(gen)
+    assert rest and "■ stopped" in rest[-1][0] and "before anything was measured" in rest[-1][0]
+    assert not any("■ done" in r[0] for r in rest)
+    # run to the end, it fills all three (and a stop is per run: the flag did not outlive it)
+    done = list(fn("raw_q", "tiny-draft", tiny_app.PAIR_CHOICE, tiny_app.PAIR_CHOICE, "abc abc abc", True, 0.0, 0))
+    status, plot, takeaway, export = done[-1]
+    assert "■ done" in status and plot is not None and takeaway and export
+
+
+@pytest.mark.parametrize("edit,needle", [
+    # more kept than proposed: an acceptance rate of 4.8
+    (lambda its: its[-1].__setitem__("accepted_total", 100), "accepted_total: 100 is not the running total"),
+    # a trillion tokens in the last iteration: a speedup of millions
+    (lambda its: its[-1].__setitem__("tokens_total", 10 ** 12), "tokens_total: 1000000000000 is not the running"),
+    (lambda its: its[-1].__setitem__("tokens_total", -3), "tokens_total: -3 is not the running total"),
+    (lambda its: its[-1].__setitem__("proposed_total", 0), "proposed_total: 0 is not the running total"),
+    # a clock that goes back: a negative time for the last step
+    (lambda its: its[-1].__setitem__("elapsed_ms", its[0]["elapsed_ms"] / 2), "a run's clock only moves forward"),
+])
+def test_running_totals_and_clock_that_no_run_makes_are_refused(tiny_app, uploads, edit, needle):
+    """Each iteration's running totals are what its iterations sum to and its clock never goes back:
+    the speedup, throughput and acceptance charts read them, so a file that lies there is refused,
+    naming the field, before any frame."""
+    last = final_of(tiny_app.run_decoding(*args()))
+    data = json.load(open(last["export"]))
+    its = [e for e in data["speculative"] if e.get("event") == "iteration"]
+    assert len(its) >= 2 and its[-1]["tokens_total"] == sum(len(e["emitted"]) for e in its)
+    edit(its)
+    frames = list(tiny_app.replay(_upload(uploads, json.dumps(data))))
+    final = final_of(iter(frames))
+    assert len(frames) == 1 and "runs" not in final
+    assert final["status"].startswith("**Error:**") and needle in plain(final["status"]), final["status"]
+    assert f"speculative[{len(its)}]." in plain(final["status"])  # the edited event, by its place in the file
+
+
+def test_an_error_that_ran_nothing_reads_as_two_sentences(monkeypatch):
+    """"... pick a pair Nothing ran: ..." read as one broken sentence: the message ends before the note."""
+    monkeypatch.setattr(app_module.gr, "Warning", lambda m: None)
+    status = plain(next(iter(app_module._error("the prompt is empty", ran=False).values())))
+    assert "the prompt is empty. Nothing ran: anything shown below is from an earlier run." in status
+    status = plain(next(iter(app_module._error("cannot replay this file.", ran=False).values())))
+    assert "file.. " not in status and "file. Nothing ran" in status
+    assert plain(next(iter(app_module._error("no stop here").values()))).endswith("no stop here")

@@ -44,6 +44,22 @@ def test_frames_stream_charts_for_both_runs_and_end_whole(target_model, draft_mo
     assert done["iteration"]["maximum"] >= 1
 
 
+def test_inspector_opens_on_the_last_iteration_that_verified_a_proposal(target_model, draft_model, tok):
+    """It opened on the very last iteration, often a lone step with no tokens left to draft for (no p,
+    no q, nothing to inspect)."""
+    ended_bare = set()
+    for max_new in range(8, 12):
+        states = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc",
+                               DecodeConfig(gamma=3, max_new_tokens=max_new)))
+        spec = states[-1].spec
+        frame = FrameMaker().final(states[-1])
+        want = max(i for i, e in enumerate(spec.iterations) if e.proposed)
+        assert frame.iteration["value"] == want and frame.iteration["maximum"] == len(spec.iterations) - 1
+        assert f"<b>Iteration {spec.iterations[want].index}</b>" in frame.inspector[0]
+        ended_bare.add(not spec.iterations[-1].proposed)
+    assert True in ended_bare  # the case it is about was met
+
+
 def test_stopped_frame_summarises_what_ran(target_model, draft_model, tok):
     maker = FrameMaker()
     stream = live_run(FakePipe(target_model, draft_model, tok), "abc abc", DecodeConfig(gamma=3, max_new_tokens=40))
@@ -110,7 +126,10 @@ def test_replay_frames_pace_a_saved_run_and_end_on_its_page(target_model, draft_
     last_step = vanilla.iterations[-1]
     last_step.emitted = last_step.emitted[:-1] + [last_step.emitted[-1] + 1]  # a file whose runs differ
     last = list(replay_frames(spec, vanilla, "x", frames=1, pause_s=0.0))[-1]
-    assert "Greedy check: **differs from vanilla at new token" in last.summary
+    # counted from 1, as a reader counts: the last of the N new tokens is "new token N"
+    n_new = len(vanilla.output_ids)
+    assert f"Greedy check: **differs from vanilla at new token {n_new}**" in last.summary
+    assert f"The outputs part at new token {n_new} (marked)" in last.output
 
 
 def test_summary_names_the_target_weights_and_a_fallback(target_model, draft_model, tok):

@@ -47,7 +47,7 @@ class Greedy:
         tie = NEAR_TIE.get(self.dtype, 1e-3)
         kind = "a near tie: numerics" if self.margin is not None and self.margin < tie else "NOT a near tie"
         m = "n/a" if self.margin is None else f"{self.margin:.1e}"
-        return f"{self.dtype}: parts from vanilla at token {self.index} (top-2 margin {m}, {kind})"
+        return f"{self.dtype}: parts from vanilla at new token {self.index + 1} (top-2 margin {m}, {kind})"
 
 
 @dataclass
@@ -179,7 +179,7 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
         c.law_tv = dist
         res.broken.append(c)
         done += 1
-        yield Progress(done, total, f"(c) {rule} at new token {j}: p-value {c.p_value:.1e}", res)
+        yield Progress(done, total, f"(c) {rule} at new token {j + 1}: p-value {c.p_value:.1e}", res)
     # (d) the same greedy comparison in bfloat16 (a second copy of the target)
     if s.dtype_control and load is not None:
         yield Progress(done, total, "(d) loading a bfloat16 copy of the target and decoding in it")
@@ -206,7 +206,7 @@ def figure(res: SameOutputsResult) -> go.Figure:
     chosen = next((c for c in res.broken if c.rule == res.variant), None)
     control = next((c for c in res.broken if c.rule == "correct"), None)
     left = "(b) real iterations, first new token"
-    right = f"(c) the rule alone at new token {chosen.position}" if chosen else "(c) break it"
+    right = f"(c) the rule alone at new token {chosen.position + 1}" if chosen else "(c) break it"
     fig = make_subplots(rows=1, cols=2, subplot_titles=(left, right), horizontal_spacing=0.1)
     if res.real is not None:
         _bars(fig, res.real, 1, f"speculative ({res.real.samples} iterations, p = {res.real.p_value:.2f})",

@@ -161,6 +161,9 @@ class FrameMaker:
         spec, vanilla = state.spec, state.vanilla
         n = len(spec.iterations)
         last = n - 1 if n else 0
+        # the inspector opens on the last iteration that verified a proposal: the very last one is often
+        # a lone bonus step (no tokens left to draft for), which has no p and q to show
+        shown = next((i for i in range(n - 1, -1, -1) if spec.iterations[i].proposed), last)
         path = self.export(spec, vanilla) if self.export and spec.start is not None else None
         return Frame(
             status=text.final_status(spec, vanilla, stopped),
@@ -168,8 +171,8 @@ class FrameMaker:
             output=text.output_html(spec, vanilla),
             charts=dict(zip(CHART_NAMES, charts.all_figures(spec, vanilla))),
             summary=text.summary_markdown(spec, vanilla, state.exact, stopped),
-            iteration={"maximum": max(1, last), "value": last, "interactive": n > 1},
-            inspector=inspector_frame(spec, last), export=path,
+            iteration={"maximum": max(1, last), "value": shown, "interactive": n > 1},
+            inspector=inspector_frame(spec, shown), export=path,
             result=result_of(spec, vanilla, state.exact, stopped),
             runs={"spec": spec, "vanilla": vanilla})
 

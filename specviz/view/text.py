@@ -186,7 +186,7 @@ def output_html(spec: Trace, vanilla: Trace | None) -> str:
         mark = first_difference(cols[0][2], cols[1][2])
         done = vanilla.summary is not None and spec.summary is not None
         if mark is not None and (done or mark < min(len(cols[0][2]), len(cols[1][2]))):
-            note = f"<p class='sv-out-note'>The outputs part at new token {mark} (marked).</p>"
+            note = f"<p class='sv-out-note'>The outputs part at new token {mark + 1} (marked).</p>"
         elif done:
             note = "<p class='sv-out-note'>Identical outputs, token for token.</p>"
             mark = None
