@@ -592,3 +592,15 @@ def test_an_error_that_ran_nothing_reads_as_two_sentences(monkeypatch):
     status = plain(next(iter(app_module._error("cannot replay this file.", ran=False).values())))
     assert "file.. " not in status and "file. Nothing ran" in status
     assert plain(next(iter(app_module._error("no stop here").values()))).endswith("no stop here")
+
+
+def test_every_setting_read_from_the_environment_is_in_the_readme():
+    """A variable the code reads and the README never names is a setting nobody can find. (The three
+    that specviz sets itself for the vLLM server it starts are internal.)"""
+    root = Path(app_module.__file__).resolve().parent
+    sources = [root / "app.py", *sorted((root / "specviz").rglob("*.py"))]
+    read = {m for f in sources for m in re.findall(r"\bSPECVIZ_[A-Z0-9_]+", f.read_text())}
+    internal = {"SPECVIZ_VLLM_TRACE_DIR", "SPECVIZ_VLLM_LOOKUP_MIN", "SPECVIZ_VLLM_LOOKUP_MAX"}
+    assert {"SPECVIZ_MODELS", "SPECVIZ_PRELOAD", "SPECVIZ_EXACT"} <= read
+    readme = (root / "README.md").read_text()
+    assert sorted(v for v in read - internal if v not in readme) == []

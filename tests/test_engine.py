@@ -443,3 +443,33 @@ def test_an_iterations_reason_says_when_the_engine_cut_the_proposal(target_model
     e = first(DecodeConfig(gamma=8, max_new_tokens=4))
     assert len(e.proposed) == e.gamma < 8  # room for max_new_tokens, less the token the target adds
     assert e.reason == f"proposing 8; of its 8, only the first {e.gamma} verified (cut at the tokens left to generate)"
+
+
+def test_the_readme_drafter_example_runs_as_written(target_model, tok, monkeypatch):
+    """README's "Adding a drafter" is code a reader copies: it loads, registers through KINDS, is
+    found by its shorthand and decodes exactly as vanilla does."""
+    import re
+    import types
+    from pathlib import Path
+
+    from specviz import drafters as pkg
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"```python\n# specviz/drafters/my_drafter.py\n(.*?)```", readme, re.S)
+    assert block, "README's drafter example moved: point this test at it"
+    mod = types.ModuleType("specviz.drafters.my_drafter")
+    mod.__package__ = "specviz.drafters"
+    exec(compile(block.group(1), "README.md:my_drafter.py", "exec"), mod.__dict__)
+    kind = mod.MyKind()
+    monkeypatch.setitem(pkg.KINDS, kind.name, kind)
+    assert "mine" in pkg.choices([])  # the app's drafter list
+    spec = pkg.parse_drafter("mine", [])  # --draft mine
+    assert spec == {"kind": "my_kind"} and pkg.kind("my_kind") is kind  # models.yaml's kind
+    drafter = kind.build(spec, None, None)
+    target = CachedLM(target_model, len(tok))
+    for prompt in PROMPTS[:3]:
+        ids = encode_prompt(tok, prompt, True)
+        cfg = DecodeConfig(gamma=4, max_new_tokens=30)
+        got = list(speculative_decode(target, drafter, tok, ids, cfg))
+        assert got[-1].output_ids == vanilla_ids(target, tok, ids, cfg), prompt
+        assert any(e.proposed for e in got if isinstance(e, IterationEvent))
