@@ -147,3 +147,23 @@ def test_summary_names_the_target_weights_and_a_fallback(target_model, draft_mod
     assert "could not download" in note and "Outputs are exact either way" in note
     for line in (head, note):  # shown escaped: nothing opens a tag or a link
         assert not re.search(r"(?<!\\)[<\[]", line)
+
+
+def test_the_output_tags_the_end_of_sequence_token_instead_of_printing_it(target_model, draft_model, tok):
+    """A chat model's answer ended in its raw EOS text ("<|im_end|>") as if it were part of the answer."""
+    states = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc", DecodeConfig(gamma=3, max_new_tokens=12)))
+    spec, vanilla = states[-1].spec, states[-1].vanilla
+    last = spec.iterations[-1]
+    last.emitted_text = last.emitted_text[:-1] + ["<|im_end|>"]
+    plain_end = text.output_html(spec, vanilla)
+    assert "&lt;|im_end|&gt;</div>" in plain_end and "sv-eos" not in plain_end  # a length stop: text as is
+    spec.summary.stop_reason = "eos"
+    html_ = text.output_html(spec, vanilla)
+    spec_col = html_.split("<div class='sv-out-col'>")[1]
+    assert re.search(r'<span class="sv-eos" title="[^"]*&lt;\|im_end\|&gt;[^"]*">end</span></div>', spec_col)
+    assert "&lt;|im_end|&gt;</div>" not in spec_col and "<|im_end|>" not in html_
+    # a length stop inside a character: its bytes are tagged, not shown as a bare replacement mark
+    spec.summary.stop_reason = "max_new_tokens"
+    last.emitted_text = last.emitted_text[:-1] + ["\ufffd"]
+    cut = text.output_html(spec, vanilla).split("<div class='sv-out-col'>")[1]
+    assert re.search(r'<span class="sv-partial" title="part of a character[^"]*">\ufffd</span></div>', cut)

@@ -165,21 +165,33 @@ def summary_markdown(spec: Trace, vanilla: Trace | None, exact: Exactness | None
     return "\n".join(lines)
 
 
-def _pieces_html(pieces: list[str], mark: int | None) -> str:
+def _pieces_html(pieces: list[str], mark: int | None, eos: bool = False) -> str:
+    """The output's text; ``eos``: its last piece is the end-of-sequence token, shown as a small tag
+    (its raw text, e.g. ``<|im_end|>``, read as part of the answer)."""
     out = []
     for i, piece in enumerate(pieces):
         text = html.escape(piece)
+        if eos and i == len(pieces) - 1:
+            text = f'<span class="sv-eos" title="the end-of-sequence token {text}: the model ended its answer here">end</span>'
+        elif i == len(pieces) - 1 and "\ufffd" in piece:  # byte tokens of a character the run stopped inside
+            text = (f'<span class="sv-partial" title="part of a character: the run stopped before the tokens '
+                    f'that complete it">{text}</span>')
         out.append(f'<mark class="sv-diverge" title="the two outputs part here">{text or "∅"}</mark>'
                    if i == mark else text)
     return "".join(out)
 
 
+def _ended_at_eos(trace: Trace) -> bool:
+    return trace.summary is not None and trace.summary.stop_reason == "eos"
+
+
 def output_html(spec: Trace, vanilla: Trace | None) -> str:
     """The plain output: speculative and vanilla side by side, the first token where they part marked."""
     spec_pieces = [p for e in spec.iterations for p in e.emitted_text]
-    cols = [("speculative", spec_pieces, spec.output_ids)]
+    cols = [("speculative", spec_pieces, spec.output_ids, _ended_at_eos(spec))]
     if vanilla is not None and vanilla.iterations:
-        cols.append(("vanilla", [p for e in vanilla.iterations for p in e.emitted_text], vanilla.output_ids))
+        cols.append(("vanilla", [p for e in vanilla.iterations for p in e.emitted_text], vanilla.output_ids,
+                     _ended_at_eos(vanilla)))
     mark = None
     note = ""
     if len(cols) == 2:
@@ -193,6 +205,6 @@ def output_html(spec: Trace, vanilla: Trace | None) -> str:
         else:
             mark = None
     body = "".join(f"<div class='sv-out-col'><div class='sv-out-head'>{name} · {plural(len(ids), 'token')}</div>"
-                   f"<div class='sv-out-text'>{_pieces_html(pieces, mark)}</div></div>"
-                   for name, pieces, ids in cols)
+                   f"<div class='sv-out-text'>{_pieces_html(pieces, mark, eos)}</div></div>"
+                   for name, pieces, ids, eos in cols)
     return f"<div class='sv-out'>{body}</div>{note}"
