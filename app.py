@@ -493,9 +493,20 @@ def preload(pair: str = REGISTRY.default()) -> None:
         print(f"[specviz] preload of {pair} failed: {e}")
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM (a Space restarting, `kill`, systemd) ends the app as Ctrl-C does: Python's default
+    ends the process without its exit handlers, and the vLLM servers the page started (each in its own
+    process group) outlived it, holding their ports and memory."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 demo = build_demo()
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     if os.environ.get("SPECVIZ_PRELOAD", "1") == "1":
         threading.Thread(target=preload, daemon=True).start()
     server = os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0")
@@ -507,3 +518,6 @@ if __name__ == "__main__":
             RUNNER.serve_forever()  # decode on the main thread, where torch's CPU threads are effective
         except KeyboardInterrupt:
             demo.close()
+        except SystemExit:  # SIGTERM (exit_on_sigterm): close, then exit with its status, handlers run
+            demo.close()
+            raise

@@ -604,3 +604,56 @@ def test_every_setting_read_from_the_environment_is_in_the_readme():
     assert {"SPECVIZ_MODELS", "SPECVIZ_PRELOAD", "SPECVIZ_EXACT"} <= read
     readme = (root / "README.md").read_text()
     assert sorted(v for v in read - internal if v not in readme) == []
+
+
+def test_sigterm_ends_the_app_with_its_exit_handlers(tmp_path, tiny_registry):
+    """`kill <app>` (a Space restarting) ended the process without its exit handlers: the vLLM servers
+    the page had started, each in a process group of its own, lived on holding ports and memory. A
+    child started the same way here (new session, stopped at exit) must go with the app."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    pidfile = tmp_path / "child.pid"
+    (tmp_path / "sitecustomize.py").write_text(
+        "import atexit, os, signal, subprocess\n"
+        "child = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
+        "atexit.register(lambda: (os.killpg(child.pid, signal.SIGTERM), child.wait()))\n")
+    root = Path(app_module.__file__).resolve().parent
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)]), "SPECVIZ_PRELOAD": "0",
+           "GRADIO_SERVER_PORT": str(port), "GRADIO_SERVER_NAME": "127.0.0.1", "SPECVIZ_MODELS": str(tiny_registry)}
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=root, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert proc.poll() is None and pidfile.exists(), proc.stderr.read().decode()[-2000:]
+        child = int(pidfile.read_text())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        # the child was reaped by the app's exit handler: its pid no longer names a live process
+        gone = False
+        for _ in range(40):
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                gone = True
+                break
+            time.sleep(0.25)
+        assert gone, "the child started in its own session outlived the app"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if pidfile.exists():
+            try:
+                os.killpg(int(pidfile.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

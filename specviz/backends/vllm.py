@@ -20,6 +20,7 @@ The summary's totals are vLLM's own: ``server_metrics`` carries the request's
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import os
@@ -267,9 +268,11 @@ class VLLMServer:
         self.proc = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, cwd=str(REPO), start_new_session=True)
         log.close()
-        if progress:
-            progress(f"starting vLLM ({'speculative' if self.speculative else 'vanilla'}) on {self.url}; "
-                     f"log: {self.log_path}")
+        # its own session also means no signal of ours reaches it: it ends when this process does,
+        # from the moment it exists (a server still starting is in no backend's hands yet)
+        atexit.register(self.stop)
+        if progress:  # the page shows this to visitors: no server paths
+            progress(f"starting vLLM ({'speculative' if self.speculative else 'vanilla'}) on {self.url}")
         while True:
             if self.proc.poll() is not None:
                 raise SpecvizError(f"the vLLM server exited during start-up ({self._last_error()}); "
