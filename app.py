@@ -306,7 +306,7 @@ def build_demo() -> gr.Blocks:
                 gr.HTML(tokens.LEGEND)
                 hide = gr.Checkbox(value=False, label="Hide discarded drafts", elem_id="sv-hide")
                 C["tokens"] = gr.HTML(tokens.tokens_html([]), elem_id="sv-tokens")
-                with gr.Tabs():
+                with gr.Tabs(overflow_behavior="wrap"):  # a phone shows every tab, on two rows if need be
                     with gr.Tab("Output"):
                         C["output"] = gr.HTML("", elem_id="sv-output")
                     with gr.Tab("Charts"):
@@ -408,7 +408,7 @@ def lab_tab(inputs: dict) -> None:
         handler.__name__ = f"run_lab_{name}"
         return handler
 
-    with gr.Tabs():
+    with gr.Tabs(overflow_behavior="wrap"):
         with gr.Tab("Lab", elem_id="sv-lab"):
             gr.Markdown("### The Lab: test the explainers' claims on this pair, this prompt, this hardware\n"
                         "Each experiment takes up to a minute or so on a CPU. Settings: the pair, prompt, chat, "

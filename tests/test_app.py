@@ -469,6 +469,11 @@ def test_browser_run_output_hide_drafts_and_stop(real_pipeline_factory, tmp_path
             page.get_by_role("tab", name="Summary").click()
             assert "Stopped" in page.locator("#sv-summary").inner_text()
             page.screenshot(path=str(tmp_path / "stopped.png"))
+            # on a phone every tab stays a tab (gradio's default hid the last ones in a "more" menu)
+            page.set_viewport_size({"width": 390, "height": 844})
+            time.sleep(0.5)
+            for name in ("Output", "Charts", "Iteration inspector", "Summary", "Lab"):
+                assert page.get_by_role("tab", name=name).is_visible(), name
             browser.close()
     finally:
         demo.close()
