@@ -110,7 +110,8 @@ def test_gamma_sweep_numbers(tiny):
 
 def test_when_not_numbers(tiny):
     res = _run("when_not", tiny(), batches=[1, 4], lengths=[4, 8], depths=[1, 3], max_new_tokens=8)
-    assert [b.batch for b in res.batches] == [1, 4] and all(b.v > 0 for b in res.batches)
+    assert [b.batch for b in res.batches] == [1, 4] and all(b.v >= 1.0 for b in res.batches)
+    assert all(b.one_ms > 0 and b.verify_ms > 0 for b in res.batches)
     assert [L for L, _ in res.lengths] == [4, 8]
     assert [d.label for d in res.drafts][1:] == ["exit 1/4", "exit 3/4"]
     assert len(res.rule_agrees()) == 3
@@ -121,6 +122,16 @@ def test_cost_map_numbers(tiny):
     assert len(res.speedup) == len(res.costs) and len(res.speedup[0]) == len(res.alphas)
     assert res.speedup[0][-1] > res.speedup[-1][-1]  # a dearer draft is predicted slower
     assert [d.label for d in res.drafters] == ["lookup", "draft tiny-draft", "early exit 2"]
+    # each drafter is a marker of its own shape with its own legend entry: labels printed on the map
+    # covered each other and the points next to them
+    from specviz.lab.cost_map import figure
+
+    fig = figure(res).to_dict()
+    marks = [t for t in fig["data"] if t.get("mode") == "markers"]
+    measured = [d for d in res.drafters if d.alpha is not None]
+    assert [t["name"].split(":")[0] for t in marks] == [d.label for d in measured]
+    assert len({t["marker"]["symbol"] for t in marks}) == len(marks)
+    assert not fig["layout"].get("annotations")
 
 
 def test_production_config_and_metrics(tiny):

@@ -103,6 +103,11 @@ def fixed_length(drafter: Drafter) -> Drafter:
     return drafter
 
 
+# drafters on one chart, told apart by marker symbol and shade (with a legend entry each)
+DRAFT_SYMBOLS = ["circle", "square", "diamond", "triangle-up", "cross", "triangle-down", "star", "x"]
+DRAFT_SHADES = ["#1b7a3a", "#2ca25f", "#66c2a4", "#238b8b", "#41ae76", "#99d8c9", "#006d2c", "#74c476"]
+
+
 @dataclass
 class Measured:
     """One drafter on the prompt against vanilla decoding: what the bench measures, for one prompt."""

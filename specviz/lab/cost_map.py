@@ -15,7 +15,8 @@ from ..pipeline import Pipeline
 from ..theory import best_gamma
 from ..view.charts import COLORS, layout
 from ..trace import Trace
-from .common import Measured, Progress, Settings, greedy_cfg, jsonable, measure, with_drafter
+from .common import (DRAFT_SHADES, DRAFT_SYMBOLS, Measured, Progress, Settings, greedy_cfg, jsonable, measure,
+                     with_drafter)
 
 ALPHAS = [i / 20 for i in range(20)]  # 0 .. 0.95
 COSTS = [i / 20 for i in range(21)]  # 0 .. 1
@@ -79,18 +80,15 @@ def figure(res: CostMapResult) -> go.Figure:
                                   "labelfont": {"size": 9, "color": "#222", "shadow": "auto"}},
                         colorbar={"title": {"text": "×", "side": "top"}, "thickness": 10}, name="predicted",
                         hovertemplate="α %{x:.2f}, c %{y:.2f}: %{z:.2f}x<extra></extra>", opacity=0.75)
-    pts = [d for d in res.drafters if d.alpha is not None]
-    if pts:
-        fig.add_scatter(x=[d.alpha for d in pts], y=[min(d.c, 1.1) for d in pts], mode="markers",
-                        text=[html.escape(d.label) for d in pts],
-                        hovertemplate="%{text}: α %{x:.2f}, c %{y:.2f}<extra></extra>",
-                        marker={"color": COLORS["spec"], "size": 10, "line": {"color": "white", "width": 1}},
-                        name="measured drafters (label: measured speedup)")
-        for d in pts:  # labels on a light box: readable over any colour of the map, in either theme
-            fig.add_annotation(x=d.alpha, y=min(d.c, 1.1), text=f"{html.escape(d.label)} {d.speedup:.2f}x",
-                               showarrow=False, xanchor="right" if d.alpha > 0.7 else "left", yanchor="bottom",
-                               xshift=-6 if d.alpha > 0.7 else 6, yshift=4, font={"size": 10, "color": "#111"},
-                               bgcolor="rgba(255,255,255,0.85)", borderpad=2)
+    # one legend entry per drafter, told apart by symbol and shade: labels printed on the map covered
+    # each other and the points beside them (drafters measured close together are the common case)
+    for i, d in enumerate(d for d in res.drafters if d.alpha is not None):
+        label = html.escape(d.label)
+        fig.add_scatter(x=[d.alpha], y=[min(d.c, 1.1)], mode="markers", name=f"{label}: {d.speedup:.2f}x measured",
+                        marker={"color": DRAFT_SHADES[i % len(DRAFT_SHADES)], "size": 11,
+                                "symbol": DRAFT_SYMBOLS[i % len(DRAFT_SYMBOLS)], "line": {"color": "#222", "width": 1}},
+                        hovertemplate=f"{label}: α %{{x:.2f}}, c %{{y:.2f}}, {d.speedup:.2f}x measured<extra></extra>",
+                        cliponaxis=False)
     fig.update_xaxes(range=[0, 1])
     fig.update_yaxes(range=[-0.04, 1.15])
     return layout(fig, "Predicted speedup by α and c (best γ per cell, this CPU's v)", "α (per-position acceptance)",
