@@ -84,6 +84,20 @@ def _error(message: str, ran: bool = True) -> dict:
     return {C["status"]: f"**Error:** {md(message.rstrip(), 400)}{end}{stale}"}
 
 
+BROWSER_EXACT = 2 ** 53  # a browser's number box holds whole numbers exactly up to here (a double)
+
+
+def typed_seed(seed):
+    """The page's seed as typed. A browser sends numbers as doubles: one typed above 2^53 arrives already
+    rounded (18446744073709551615 as 18446744073709551616), and ran another seed than the box showed."""
+    if seed in (None, ""):
+        return 0
+    if isinstance(seed, float) and abs(seed) > BROWSER_EXACT:
+        raise SpecvizError(f"a seed above 2^53 ({BROWSER_EXACT:,}) cannot be typed exactly in a browser (it arrives "
+                           f"as {seed:,.0f}); use a smaller one here, or the API or CLI for any 64-bit seed")
+    return seed
+
+
 def _custom(choice: str | None) -> str | None:
     """A target or drafter picked in the page, or None for the pair's own."""
     return choice if choice and choice != PAIR_CHOICE else None
@@ -111,7 +125,7 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
     halt = STOPS.open(session, "run")
     ran = False  # once the engine yields its first event, what the page shows is this run's
     try:
-        cfg = DecodeConfig.from_settings(gamma, temperature, top_k, top_p, max_new_tokens, seed,
+        cfg = DecodeConfig.from_settings(gamma, temperature, top_k, top_p, max_new_tokens, typed_seed(seed),
                                          REFERENCE if costs == "reference" else None)
         pair, custom_target, custom_drafter = _chosen(pair, target, drafter, prompt)
         spec = resolve_pair(REGISTRY, pair, custom_target, custom_drafter, cfg.gamma)
@@ -374,7 +388,7 @@ def lab_tab(inputs: dict) -> None:
             load = partial(build_pipeline, REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
                            device=DEVICE)
             pipe = load(dtype=DTYPE)
-            s = Settings(prompt=prompt, chat=bool(chat), seed=0 if seed in (None, "") else seed, temperature=float(temperature or 0),
+            s = Settings(prompt=prompt, chat=bool(chat), seed=typed_seed(seed), temperature=float(temperature or 0),
                          variant=variant)
             stream = RUNNER.turns(lambda: mod.run(pipe, s, load),
                                   on_wait=waiting_status)

@@ -93,6 +93,15 @@ def test_typed_slider_values_are_clamped_not_refused():
     assert fresh.preprocess(999) == 7 and fresh.preprocess(-3) == 0 and fresh.preprocess(4) == 4
 
 
+def test_a_seed_a_browser_holds_exactly_is_taken():
+    """Up to 2^53 a typed seed is the seed that runs (a double holds it exactly); int seeds (the CLI,
+    the API, gradio's client) are never second-guessed."""
+    assert app_module.typed_seed(float(2 ** 53)) == 2 ** 53 and app_module.typed_seed(None) == 0
+    assert app_module.typed_seed(2 ** 64 - 1) == 2 ** 64 - 1
+    with pytest.raises(app_module.SpecvizError, match="API or CLI"):
+        app_module.typed_seed(float(2 ** 53 + 2))
+
+
 def test_typed_whole_numbers_reach_the_handlers_as_typed():
     """The seed and top-k boxes hand a typed 1.5 to the handlers, which refuse it by name; gradio's
     Number(precision=0) rounded it to 2 and ran a setting nobody asked for."""
@@ -256,6 +265,7 @@ def test_replayed_html_is_inert(tiny_app, uploads):
 @pytest.mark.parametrize("kw,needle", [
     ({"gamma": 0}, "gamma"), ({"temperature": -1}, "temperature"), ({"temperature": 1e-39}, "temperature"),
     ({"prompt": "  "}, "empty"), ({"top_k": 1.5}, "top-k"), ({"seed": 1.5}, "seed"), ({"seed": -1}, "seed"), ({"max_new": None}, "max new tokens"),
+    ({"seed": float(2 ** 64 - 1)}, "cannot be typed exactly in a browser"),
     ({"pair": "tiny-mismatch"}, "tokenizers"), ({"target": "hub-only"}, "could not load"),
 ])
 def test_bad_input_is_a_message_not_a_crash(tiny_app, kw, needle):
