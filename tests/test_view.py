@@ -167,3 +167,19 @@ def test_the_output_tags_the_end_of_sequence_token_instead_of_printing_it(target
     last.emitted_text = last.emitted_text[:-1] + ["\ufffd"]
     cut = text.output_html(spec, vanilla).split("<div class='sv-out-col'>")[1]
     assert re.search(r'<span class="sv-partial" title="part of a character[^"]*">\ufffd</span></div>', cut)
+
+
+def test_a_long_replay_sends_fewer_frames_not_more_bytes(target_model, draft_model, tok, monkeypatch):
+    """Each replay frame carries the token view so far: ~40 frames of a long run were ~20 times its
+    view, and a 21 MB file took 88 s in the browser. Frames shrink so the total stays in budget."""
+    from specviz.view import frames as fr
+
+    states = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc", DecodeConfig(gamma=3, max_new_tokens=40)))
+    spec, vanilla = states[-1].spec, states[-1].vanilla
+    view = len(tokens.tokens_html(spec.iterations))
+    full = list(replay_frames(spec, vanilla, "x", frames=40, pause_s=0.0))
+    monkeypatch.setattr(fr, "REPLAY_BUDGET_BYTES", view * 2)  # room for about four frames
+    *paced, last = list(replay_frames(spec, vanilla, "x", frames=40, pause_s=0.0))
+    assert 1 <= len(paced) <= 6 < len(full) - 1
+    assert sum(len(f.tokens) for f in paced) <= 3 * 2 * view  # the budget, give or take a frame
+    assert last.tokens == full[-1].tokens == tokens.tokens_html(spec.iterations)  # the end is whole

@@ -194,19 +194,26 @@ def replayed_settings(spec: Trace) -> str:
     return text.md(f"{start.target.get('name', '?')} with drafter {drafter}, γ {start.gamma}, {temp}", 300)
 
 
+REPLAY_BUDGET_BYTES = 8 * 2 ** 20  # token-view HTML a replay sends before its final page, about
+
+
 def replay_frames(spec: Trace, vanilla: Trace | None, saved: str, frames: int = 40,
                   pause_s: float = 0.05) -> Iterator[Frame]:
     """A saved run replayed without a model: about ``frames`` frames as its iterations appeared
     (sped up), then the page it ended with."""
     maker = FrameMaker()
     n = len(spec.iterations)
+    # every frame carries the token view so far, so frames x its size is what the browser receives
+    # and re-renders: a long run's ~40 frames were ~20 times its view (a 21 MB file took 88 s);
+    # a long run gets fewer frames, about REPLAY_BUDGET_BYTES in all
+    maker.rendered = [tokens.iteration_html(e) for e in spec.iterations]
+    size = sum(len(h) for h in maker.rendered)
+    frames = max(1, min(frames, int(2 * REPLAY_BUDGET_BYTES / max(1, size))))
     step = max(1, n // frames)
-    for i, e in enumerate(spec.iterations):
-        maker.rendered.append(tokens.iteration_html(e))
-        if i % step == 0:
-            yield Frame(status=f"► replaying a saved run ({i + 1}/{n} iterations)",
-                        tokens=tokens.tokens_html([], maker.rendered))
-            time.sleep(pause_s)
+    for i in range(0, n, step):
+        yield Frame(status=f"► replaying a saved run ({i + 1}/{n} iterations)",
+                    tokens=tokens.tokens_html([], maker.rendered[:i + 1]))
+        time.sleep(pause_s)
     state = LiveState("done", spec, vanilla)
     if vanilla is not None and vanilla.summary is not None and spec.summary is not None:  # both ran to the end
         i = first_difference(vanilla.output_ids, spec.output_ids)
