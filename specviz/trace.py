@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from .events import IterationEvent, SchemaError, StartEvent, SummaryEvent, from_dict, to_dict
+from .events import IterationEvent, SchemaError, StartEvent, SummaryEvent, _show, from_dict, to_dict
 from .theory import accepted_length_pmf, cost_model
 
 FORMAT_VERSION = 1
@@ -275,17 +275,12 @@ def _check_running_totals(trace: Trace, part: str) -> None:
         where = f"{part}[{i}]"
         for name, total in (("tokens_total", tokens), ("proposed_total", proposed), ("accepted_total", accepted)):
             if getattr(e, name) != total:
-                raise SchemaError(f"{where}.{name}: {_show_int(getattr(e, name))} is not the running total "
+                raise SchemaError(f"{where}.{name}: {_show(getattr(e, name))} is not the running total "
                                   f"of the iterations so far ({total})")
         if e.elapsed_ms < clock:
             raise SchemaError(f"{where}.elapsed_ms: {e.elapsed_ms:g} is earlier than the step before it "
                               f"({clock:g}); a run's clock only moves forward")
         clock = e.elapsed_ms
-
-
-def _show_int(x) -> str:
-    s = repr(x)
-    return s if len(s) <= 24 else s[:20] + "…"
 
 
 def load_runs(path) -> tuple[Trace, Trace | None, dict]:
