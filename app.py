@@ -56,7 +56,9 @@ def clamped(slider: gr.Slider) -> gr.Slider:
     return slider
 
 
-_SLIDER_PREPROCESS = gr.Slider.preprocess
+# gradio's own, kept on the clamp too: a second import of this module (gradio's reload mode) finds the
+# clamp already on the class, and must not wrap it in itself
+_SLIDER_PREPROCESS = getattr(gr.Slider.preprocess, "unclamped", gr.Slider.preprocess)
 
 
 def _clamped_preprocess(self: gr.Slider, payload):
@@ -66,6 +68,9 @@ def _clamped_preprocess(self: gr.Slider, payload):
         if self.maximum is not None:
             payload = min(payload, self.maximum)
     return _SLIDER_PREPROCESS(self, payload)
+
+
+_clamped_preprocess.unclamped = _SLIDER_PREPROCESS
 
 
 def choice_details(pair: str, target: str | None, drafter: str | None) -> str:

@@ -91,6 +91,18 @@ def test_typed_slider_values_are_clamped_not_refused():
     kwargs.pop("value", None)
     fresh = type(it)(**kwargs)
     assert fresh.preprocess(999) == 7 and fresh.preprocess(-3) == 0 and fresh.preprocess(4) == 4
+    # a second import (gradio's reload mode re-runs app.py in the same module) keeps gradio's own check
+    # underneath the clamp instead of wrapping the clamp in itself (endless recursion on every slider)
+    import os
+    import subprocess
+    import sys
+
+    code = ("import importlib, app, gradio as gr; importlib.reload(app); s = gr.Slider(0, 5); "
+            "assert (s.preprocess(999), s.preprocess(3)) == (5, 3)")
+    root = Path(app_module.__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SPECVIZ_PRELOAD": "0"})
+    assert done.returncode == 0, done.stderr[-1500:]
 
 
 def test_a_seed_a_browser_holds_exactly_is_taken():
