@@ -430,8 +430,10 @@ def lab_tab(inputs: dict) -> None:
     with gr.Tabs(overflow_behavior="wrap"):
         with gr.Tab("Lab", elem_id="sv-lab"):
             gr.Markdown("### The Lab: test the explainers' claims on this pair, this prompt, this hardware\n"
-                        "Each experiment takes up to a minute or so on a CPU. Settings: the pair, prompt, chat, "
-                        "temperature (the distribution checks use 0.7 when it is 0) and seed chosen above.")
+                        "Each experiment takes a minute or so on a CPU: every timed run is repeated three times, "
+                        "alternated with vanilla decoding, and the fastest of each compared. Settings: the pair, "
+                        "prompt, chat, temperature (the distribution checks use 0.7 when it is 0) and seed chosen "
+                        "above.")
             with gr.Row():
                 buttons = {n: gr.Button(f"{i + 1}. {t}", elem_id=f"sv-lab-{n}", size="sm")
                            for i, (n, (_, t, _)) in enumerate(EXPERIMENTS.items())}

@@ -134,6 +134,86 @@ def test_cost_map_numbers(tiny):
     assert not fig["layout"].get("annotations")
 
 
+def _neighbour_slows_the_first_vanilla_run(pipe, monkeypatch, ms=100):
+    """Every target pass of the first vanilla run takes ``ms`` longer, as when another process
+    holds the cores: the engine's own clock sees it (the consumer's time between events it does
+    not count). Returns the list of vanilla calls."""
+    slow = {"on": False}
+    feed, vanilla, calls = pipe.target_lm.feed, pipe.vanilla, []
+
+    def slowed_feed(*a, **k):
+        if slow["on"]:
+            time.sleep(ms / 1000)
+        return feed(*a, **k)
+
+    def first_slow(ids, cfg):
+        calls.append(cfg)
+        slow["on"] = len(calls) == 1
+        try:
+            yield from vanilla(ids, cfg)
+        finally:
+            slow["on"] = False
+
+    monkeypatch.setattr(pipe.target_lm, "feed", slowed_feed)
+    monkeypatch.setattr(pipe, "vanilla", first_slow)
+    return calls
+
+
+def test_a_run_slowed_by_a_neighbour_is_outvoted_and_flagged(tiny, monkeypatch):
+    """A lone timed run on a busy machine once read 5.8-10.3x by length and 1.98x at 1.00 tokens per
+    iteration. One slowed baseline run: alone it shows speedups no draft can give, and the note says
+    so; with a second, alternated run the fastest of each is compared and the disagreement is named."""
+    from specviz.lab.gamma_sweep import takeaway
+
+    pipe = tiny()
+    _neighbour_slows_the_first_vanilla_run(pipe, monkeypatch)
+    lone = _run("gamma_sweep", pipe, gammas=[1, 3], max_new_tokens=16, repeats=1)
+    assert all(r.implausible for r in lone.runs), [(r.speedup, r.tokens_per_iteration) for r in lone.runs]
+    assert "faster than its tokens per iteration allow" in takeaway(lone)
+
+    pipe = tiny()
+    calls = _neighbour_slows_the_first_vanilla_run(pipe, monkeypatch)
+    res = _run("gamma_sweep", pipe, gammas=[1, 3], max_new_tokens=16, repeats=2)
+    assert len(calls) == 2 and all(r.repeats == 2 for r in res.runs + [res.policy])
+    assert not any(r.implausible for r in res.runs)
+    assert all(r.noisy and r.spread > 1 for r in res.runs)  # the slowed baseline run is still reported
+    assert "repeats disagreed by more than 20% for gamma 1, gamma 3" in takeaway(res)
+
+
+def test_when_not_times_lengths_and_drafts_by_their_fastest_runs(tiny, monkeypatch):
+    pipe = tiny()
+    calls = _neighbour_slows_the_first_vanilla_run(pipe, monkeypatch)
+    res = _run("when_not", pipe, batches=[1], lengths=[4, 8], depths=[2], max_new_tokens=8, repeats=2)
+    assert len(calls) == 4  # (b) twice, (c)'s baseline twice: the slowed one is (b)'s first
+    assert res.repeats == 2 and all(d.repeats == 2 for d in res.drafts)
+    assert res.drafts[0].noisy and not res.drafts[0].implausible
+    # (b)'s lengths come from the fastest run to each length, not from the slowed one
+    assert all(s < 2 * res.drafts[0].tokens_per_iteration for _, s in res.lengths)
+
+
+def test_cost_map_alternates_each_drafter_with_the_baseline(tiny, monkeypatch):
+    from specviz.lab.common import rounds
+
+    assert list(rounds(3, ["v", 0, 1])) == [(0, "v"), (0, 0), (0, 1), (1, 1), (1, 0), (1, "v"),
+                                             (2, "v"), (2, 0), (2, 1)]
+    pipe = tiny()
+    calls = _neighbour_slows_the_first_vanilla_run(pipe, monkeypatch)
+    items = list(experiment("cost_map").run(pipe, Settings(prompt=PROMPT, depths=[2], max_new_tokens=8, repeats=2)))
+    res = items[-1]
+    assert len(calls) == 2 and [d.repeats for d in res.drafters] == [2, 2, 2]
+    # tiny models' millisecond timings wobble: the bound, not a tolerance, is what the slowed run broke
+    assert all(d.speedup < 2 * d.tokens_per_iteration for d in res.drafters)
+    assert items[-2].total == 1 + 4 * 2 and items[-2].done == items[-2].total
+
+
+@pytest.mark.parametrize("repeats", [0, 11, 1.5])
+def test_repeats_out_of_range_are_refused_before_anything_runs(repeats):
+    from specviz.errors import SpecvizError
+
+    with pytest.raises(SpecvizError, match="repeats"):
+        Settings(prompt=PROMPT, repeats=repeats)
+
+
 def test_production_config_and_metrics(tiny):
     res = _run("production", tiny("tiny-lookup"), max_new_tokens=16)
     cfg = res.configs[0]["speculative_config"]

@@ -37,6 +37,8 @@ def add_parser(sub) -> None:
     p.add_argument("--variant", help="same_outputs: the broken rule drawn in the figure")
     p.add_argument("--gammas", type=int, nargs="+")
     p.add_argument("--depths", type=int, nargs="+", help="early-exit depths (when_not, cost_map)")
+    p.add_argument("--repeats", type=int, help="timed runs of each drafter and of vanilla, alternated; the fastest "
+                   "of each is compared (gamma_sweep, when_not, cost_map; default 3)")
     p.add_argument("--no-dtype-control", action="store_true", help="same_outputs: skip the bfloat16 control")
     p.add_argument("--figure", help="write the chart to this .html or .png file")
     p.add_argument("--json", action="store_true")
@@ -66,7 +68,7 @@ def main(args) -> int:
     s = Settings(prompt=args.prompt, chat=not args.no_chat, seed=args.seed, gamma=args.gamma,
                  temperature=args.temperature, max_new_tokens=args.max_new_tokens, samples=args.samples,
                  break_samples=args.break_samples, variant=args.variant, gammas=args.gammas, depths=args.depths,
-                 dtype_control=not args.no_dtype_control)
+                 dtype_control=not args.no_dtype_control, repeats=args.repeats)
     reg = load_registry(args.models)
     load = partial(build_pipeline, reg, pair=args.pair, target=args.target, drafter=args.draft,
                    device=args.device, gamma=args.gamma)

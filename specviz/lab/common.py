@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Iterator
 
 from ..drafters import Drafter, PromptLookupDrafter
 from ..engine import MAX_GAMMA, MAX_SEED, DecodeConfig, _whole, check_prompt
 from ..pipeline import Pipeline
 from ..sampling import SamplingConfig
 from ..trace import Speedup, Trace, compare_speed
+
+
+REPEATS = 3  # timed runs of each thing an experiment times, as the bench's --repeats
+MAX_REPEATS = 10
+NOISY = 0.20  # repeats that disagree by more than this (max / min - 1) are flagged, as in the bench
 
 
 @dataclass
@@ -33,6 +39,7 @@ class Settings:
     batches: list[int] | None = None
     lengths: list[int] | None = None
     dtype_control: bool = True  # same_outputs: also load a bfloat16 copy of the target
+    repeats: int | None = None  # timed runs of each drafter and of vanilla, alternated (REPEATS when None)
 
     def __post_init__(self) -> None:
         """The prompt, temperature, gammas and seed checked before an experiment spends a minute on
@@ -47,6 +54,12 @@ class Settings:
             self.gammas = [_whole(g, "gamma", 1, MAX_GAMMA) for g in self.gammas]
         if self.seed is not None:
             self.seed = _whole(self.seed, "seed", 0, MAX_SEED)
+        if self.repeats is not None:
+            self.repeats = _whole(self.repeats, "repeats", 1, MAX_REPEATS)
+
+    @property
+    def rounds(self) -> int:
+        return self.repeats or REPEATS
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -126,13 +139,77 @@ class Measured:
     decode_speedup: float  # without the prefill
     predicted: float  # theory's decode speedup from this run's alpha, c, v
     output_ids: list[int] = field(default_factory=list, repr=False)
+    repeats: int = 1  # timed runs behind the numbers: the fastest of each side is compared
+    spread: float = 0.0  # max / min - 1 over the repeats, the worse of speculative and vanilla
+
+    @property
+    def noisy(self) -> bool:
+        return self.spread > NOISY
+
+    @property
+    def implausible(self) -> bool:
+        """Faster than its tokens per iteration allow: each iteration costs at least one target pass,
+        so only a timing disturbed by something else can show more (a lone run on a busy machine
+        once showed 1.98x at 1.00 tokens per iteration)."""
+        return self.speedup > 1.1 * self.tokens_per_iteration
 
 
-def measure(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, vanilla: Trace, label: str) -> tuple[Measured, Trace]:
-    spec = Trace.of(pipe.speculative(ids, cfg))
-    s: Speedup = compare_speed(spec, vanilla)
-    m = Measured(label, cfg.gamma, spec.tokens, len(spec.iterations), s.tokens_per_iteration, spec.alpha,
-                 spec.acceptance_rate, [list(r) for r in spec.by_position()], s.c,
-                 {int(k): v for k, v in s.v.items()}, s.speedup, s.decode_speedup, s.predicted, spec.output_ids)
-    return m, spec
+class Fastest:
+    """Repeated runs of one thing: the fastest kept, the others' times for the spread. A neighbour's
+    burst slows a run and never speeds one up, and the first run of a shape pays for allocating
+    and packing: the minimum is the run's own cost."""
+
+    def __init__(self) -> None:
+        self.runs: list[Trace] = []
+
+    def add(self, trace: Trace) -> Trace:
+        self.runs.append(trace)
+        return trace
+
+    @property
+    def best(self) -> Trace:
+        return min(self.runs, key=lambda t: t.elapsed_ms)
+
+    @property
+    def spread(self) -> float:
+        ms = [t.elapsed_ms for t in self.runs]
+        return max(ms) / min(ms) - 1.0 if ms and min(ms) > 0 else 0.0
+
+    def at(self, tokens: int) -> float | None:
+        """The fastest time to the ``tokens``-th new token over the runs (shorter outputs are prefixes)."""
+        ms = [m for m in (t.elapsed_at(tokens) for t in self.runs) if m]
+        return min(ms) if ms else None
+
+
+def rounds(n: int, names: list) -> Iterator[tuple[int, object]]:
+    """(round, name) for ``n`` rounds over ``names``, every other round in reverse: what runs early in
+    one round runs late in the next, so a slow stretch of the machine falls on all of them alike."""
+    for r in range(n):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            yield r, name
+
+
+def measured(label: str, gamma: int, spec: Fastest, vanilla: Fastest) -> Measured:
+    """The fastest speculative run against the fastest vanilla run."""
+    best = spec.best
+    s: Speedup = compare_speed(best, vanilla.best)
+    return Measured(label, gamma, best.tokens, len(best.iterations), s.tokens_per_iteration, best.alpha,
+                    best.acceptance_rate, [list(r) for r in best.by_position()], s.c,
+                    {int(k): v for k, v in s.v.items()}, s.speedup, s.decode_speedup, s.predicted, best.output_ids,
+                    len(spec.runs), max(spec.spread, vanilla.spread))
+
+
+def noise_note(drafts: list[Measured]) -> str:
+    """A sentence naming the measurements to doubt, or "" when none is."""
+    noisy = [d.label for d in drafts if d.noisy]
+    odd = [d.label for d in drafts if d.implausible]
+    parts = []
+    if noisy:
+        parts.append(f"repeats disagreed by more than {NOISY:.0%} for {', '.join(noisy)}")
+    if odd:
+        parts.append(f"{', '.join(odd)} measured faster than its tokens per iteration allow")
+    if not parts:
+        return ""
+    return ("Timing noise: " + "; ".join(parts) + " (another process was likely busy; run it again, "
+            "or with more repeats).")
 

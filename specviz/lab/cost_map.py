@@ -15,8 +15,8 @@ from ..pipeline import Pipeline
 from ..theory import best_gamma
 from ..view.charts import COLORS, layout
 from ..trace import Trace
-from .common import (DRAFT_SHADES, DRAFT_SYMBOLS, Measured, Progress, Settings, greedy_cfg, jsonable, measure,
-                     with_drafter)
+from .common import (DRAFT_SHADES, DRAFT_SYMBOLS, Fastest, Measured, Progress, Settings, greedy_cfg, jsonable,
+                     measured, noise_note, rounds, with_drafter)
 
 ALPHAS = [i / 20 for i in range(20)]  # 0 .. 0.95
 COSTS = [i / 20 for i in range(21)]  # 0 .. 1
@@ -31,6 +31,7 @@ class CostMapResult:
     speedup: list[list[float]] = field(default_factory=list)  # [cost][alpha] at the best gamma
     best: list[list[int]] = field(default_factory=list)
     drafters: list[Measured] = field(default_factory=list)
+    repeats: int = 1  # timed runs of each drafter and the baseline, alternated; the fastest compared
 
     def to_json(self) -> dict:
         return jsonable(self)
@@ -53,21 +54,31 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     layers = len(pipe.target.model.get_decoder().layers)
     depths = s.depths or sorted({max(1, layers * f // 10) for f in (3, 6, 9)})
     n = s.max_new_tokens or 32
-    res = CostMapResult(pipe.name)
+    R = s.rounds
+    res = CostMapResult(pipe.name, repeats=R)
     specs = _drafter_specs(pipe, depths)
-    total = len(specs) + 1
-    yield Progress(0, total, "this hardware's verify cost v(g) and a vanilla baseline")
+    pipes = [pipe if spec is None else with_drafter(pipe, kind(spec["kind"]).build(spec, pipe.target, None))
+             for _, spec, _ in specs]
+    names: list = ["vanilla", *range(len(specs))]
+    runs = {name: Fastest() for name in names}
+    total = 1 + len(names) * R
+    yield Progress(0, total, "this hardware's verify cost v(g)")
     res.v = pipe.target_lm.cost_profile(17, ids)
     for c in res.costs:
         row = [best_gamma(a, c, res.v, 16) for a in res.alphas]
         res.speedup.append([sp for _, sp in row])
         res.best.append([g for g, _ in row])
-    vanilla = Trace.of(pipe.vanilla(ids, greedy_cfg(1, n, s.seed, s.temperature)))
-    for i, (label, spec, gamma) in enumerate(specs):
-        yield Progress(i + 1, total, f"measuring {label}", res)
-        p = pipe if spec is None else with_drafter(pipe, kind(spec["kind"]).build(spec, pipe.target, None))
-        m, _ = measure(p, ids, greedy_cfg(gamma, n, s.seed, s.temperature), vanilla, label)
-        res.drafters.append(m)
+    done = 1
+    for r, i in rounds(R, names):
+        what = f"vanilla decoding of {n} tokens (the baseline)" if i == "vanilla" else f"measuring {specs[i][0]}"
+        yield Progress(done, total, f"{what} (run {r + 1} of {R})", res)
+        if i == "vanilla":
+            runs[i].add(Trace.of(pipe.vanilla(ids, greedy_cfg(1, n, s.seed, s.temperature))))
+        else:
+            runs[i].add(Trace.of(pipes[i].speculative(ids, greedy_cfg(specs[i][2], n, s.seed, s.temperature))))
+        done += 1
+        res.drafters = [measured(label, gamma, runs[j], runs["vanilla"])
+                        for j, (label, _, gamma) in enumerate(specs) if runs[j].runs and runs["vanilla"].runs]
     yield Progress(total, total, "done", res)
     yield res
 
@@ -111,4 +122,6 @@ def takeaway(res: CostMapResult) -> str:
     need = (f"On this CPU a free draft pays from α ≈ {free:.2f}" if free is not None else "Even a free draft does not pay")
     need += (f", a draft at half a target step only from α ≈ {half:.2f}." if half is not None
              else "; a draft at half a target step never does.")
-    return f"{need} Measured here: " + "; ".join(lines) + f". Best: {best.label}."
+    tail = f" (each the fastest of {res.repeats} runs, alternated with the baseline's)" if res.repeats > 1 else ""
+    return " ".join(x for x in (f"{need} Measured here{tail}: " + "; ".join(lines) + f". Best: {best.label}.",
+                                noise_note(res.drafters)) if x)

@@ -13,7 +13,8 @@ from ..pipeline import Pipeline
 from ..theory import expected_tokens, predicted_speedup
 from ..view.charts import COLORS, layout
 from ..trace import Trace
-from .common import Measured, Progress, Settings, fixed_length, greedy_cfg, jsonable, measure, with_drafter
+from .common import (Fastest, Measured, Progress, Settings, fixed_length, greedy_cfg, jsonable, measured, noise_note,
+                     rounds, with_drafter)
 
 TOLERANCE = 0.15  # "the theory is within 15% of the measurement"
 
@@ -30,6 +31,7 @@ class SweepResult:
     v: list[float] = field(default_factory=list)  # v[g]: a pass of g + 1 tokens / a 1-token pass (measured)
     theory: dict[int, float] = field(default_factory=dict)  # predicted speedup at each gamma (pooled alpha)
     theory_tokens: dict[int, float] = field(default_factory=dict)  # expected tokens per iteration
+    repeats: int = 1  # timed runs of each gamma, the baseline and the policy, alternated; the fastest compared
 
     def to_json(self) -> dict:
         return jsonable(self)
@@ -62,22 +64,39 @@ def _pool(res: SweepResult) -> None:
 def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None) -> Iterator:
     ids = pipe.encode(s.prompt, s.chat)
     q_drafter = getattr(pipe.drafter, "lm", None) is not None
-    gammas = s.gammas or ([1, 2, 3, 4, 6, 8] if q_drafter else list(range(1, 17)))
-    n = s.max_new_tokens or (24 if q_drafter else 40)  # 16 runs + baseline in < 90 s on a 2-core CPU
-    res = SweepResult(pipe.name, pipe.drafter.name, n)
-    total = len(gammas) + 2
-    yield Progress(0, total, f"vanilla decoding of {n} tokens (the baseline)")
-    res.v = pipe.target_lm.cost_profile(max(gammas) + 1, ids)
-    vanilla = Trace.of(pipe.vanilla(ids, greedy_cfg(1, n, s.seed, s.temperature)))
+    # sized so that every gamma, the baseline and the pair's policy, each timed REPEATS times, finish in
+    # about a minute on a 2-core CPU
+    gammas = s.gammas or ([1, 2, 3, 4, 6, 8] if q_drafter else [1, 2, 3, 4, 5, 6, 8, 10, 12, 16])
+    n = s.max_new_tokens or (24 if q_drafter else 40)
+    R = s.rounds
+    res = SweepResult(pipe.name, pipe.drafter.name, n, repeats=R)
+    policy_gamma = s.gamma or pipe.gamma
     fixed = with_drafter(pipe, fixed_length(pipe.drafter))
-    for i, g in enumerate(gammas):
-        yield Progress(i + 1, total, f"gamma = {g}", res)
-        m, _ = measure(fixed, ids, greedy_cfg(g, n, s.seed, s.temperature), vanilla, f"gamma {g}")
-        res.runs.append(m)
-        _pool(res)
-    yield Progress(total - 1, total, f"the pair's own drafter at gamma {pipe.gamma}", res)
-    res.policy, _ = measure(pipe, ids, greedy_cfg(s.gamma or pipe.gamma, n, s.seed, s.temperature), vanilla,
-                            f"{pipe.drafter.name} (gamma {s.gamma or pipe.gamma})")
+    names: list = ["vanilla", *gammas, "policy"]
+    runs = {name: Fastest() for name in names}
+    total = 1 + len(names) * R
+    yield Progress(0, total, "this hardware's verify cost v(g)")
+    res.v = pipe.target_lm.cost_profile(max(gammas) + 1, ids)
+    done = 1
+    for r, name in rounds(R, names):
+        what = {"vanilla": f"vanilla decoding of {n} tokens (the baseline)",
+                "policy": f"the pair's own drafter at gamma {policy_gamma}"}.get(name, f"gamma = {name}")
+        yield Progress(done, total, f"{what} (run {r + 1} of {R})", res if res.runs else None)
+        if name == "vanilla":
+            trace = pipe.vanilla(ids, greedy_cfg(1, n, s.seed, s.temperature))
+        elif name == "policy":
+            trace = pipe.speculative(ids, greedy_cfg(policy_gamma, n, s.seed, s.temperature))
+        else:
+            trace = fixed.speculative(ids, greedy_cfg(name, n, s.seed, s.temperature))
+        runs[name].add(Trace.of(trace))
+        done += 1
+        if runs["vanilla"].runs:  # every measurement against the fastest baseline so far
+            res.runs = [measured(f"gamma {g}", g, runs[g], runs["vanilla"]) for g in gammas if runs[g].runs]
+            if runs["policy"].runs:
+                res.policy = measured(f"{pipe.drafter.name} (gamma {policy_gamma})", policy_gamma, runs["policy"],
+                                      runs["vanilla"])
+            res.theory, res.theory_tokens = {}, {}
+            _pool(res)
     yield Progress(total, total, "done", res)
     yield res
 
@@ -140,4 +159,7 @@ def takeaway(res: SweepResult) -> str:
     if res.policy is not None:
         lines.append(f"The pair's own policy: {res.policy.decode_speedup:.2f}x with "
                      f"{res.policy.tokens_per_iteration:.2f} tokens per iteration.")
-    return " ".join(lines)
+    if res.repeats > 1:
+        lines.append(f"Each point is the fastest of {res.repeats} runs, alternated with the baseline's.")
+    lines.append(noise_note(res.runs + ([res.policy] if res.policy is not None else [])))
+    return " ".join(line for line in lines if line)

@@ -21,8 +21,8 @@ from ..pipeline import Pipeline
 from ..theory import predicted_speedup
 from ..view.charts import COLORS, layout
 from ..trace import Trace
-from .common import (DRAFT_SHADES, DRAFT_SYMBOLS, Measured, Progress, Settings, greedy_cfg, jsonable, measure,
-                     with_drafter)
+from .common import (DRAFT_SHADES, DRAFT_SYMBOLS, Fastest, Measured, Progress, Settings, greedy_cfg, jsonable,
+                     measured, noise_note, rounds, with_drafter)
 
 RULE = 1.5  # tokens per iteration below which explainers say speculation does not pay
 
@@ -46,6 +46,7 @@ class WhenNotResult:
     batches: list[BatchPoint] = field(default_factory=list)
     lengths: list[tuple[int, float | None]] = field(default_factory=list)  # (max new tokens, measured speedup)
     drafts: list[Measured] = field(default_factory=list)
+    repeats: int = 1  # timed runs behind (b) and (c), alternated; the fastest of each is compared
 
     def to_json(self) -> dict:
         return jsonable(self)
@@ -88,22 +89,31 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     lengths = s.lengths or ([8, 16, 32, 64] if slow_draft else [8, 16, 32, 64, 128])
     layers = len(pipe.target.model.get_decoder().layers)
     depths = s.depths or sorted({max(1, layers * f // 10) for f in (2, 5, 8)})
-    res = WhenNotResult(pipe.name, pipe.target.device.type)
-    total = 2 + len(batches) + len(depths)
+    R = s.rounds
+    res = WhenNotResult(pipe.name, pipe.target.device.type, repeats=R)
+    total = 2 * R + len(batches) + (1 + len(depths)) * R
     done = 0
-    # (b) one speculative and one vanilla run to the longest length; shorter outputs are their prefixes
+    # (b) speculative and vanilla runs to the longest length, alternated R times; shorter outputs are
+    # their prefixes, each length timed by its fastest run
     n = max(lengths)
-    yield Progress(done, total, f"(b) speculative and vanilla decoding of up to {n} tokens")
     cfg = greedy_cfg(s.gamma or pipe.gamma, n, s.seed, s.temperature)
-    vanilla = Trace.of(pipe.vanilla(ids, cfg))
-    m, spec = measure(pipe, ids, cfg, vanilla, "pair's drafter")
-    for L in lengths:
-        a, b = spec.elapsed_at(L), vanilla.elapsed_at(L)
-        res.lengths.append((L, b / a if a and b else None))
+    long = {"vanilla": Fastest(), "speculative": Fastest()}
+    for r, side in rounds(R, list(long)):
+        yield Progress(done, total, f"(b) {side} decoding of up to {n} tokens (run {r + 1} of {R})",
+                       res if res.lengths else None)
+        long[side].add(Trace.of((pipe.vanilla if side == "vanilla" else pipe.speculative)(ids, cfg)))
+        done += 1
+        if len(long["vanilla"].runs) == len(long["speculative"].runs):
+            res.lengths = []
+            for L in lengths:
+                a, b = long["speculative"].at(L), long["vanilla"].at(L)
+                res.lengths.append((L, b / a if a and b else None))
+    m = measured("pair's drafter", cfg.gamma, long["speculative"], long["vanilla"])
     res.alpha, res.c = m.alpha, m.c
-    proposing = [len(e.proposed) for e in spec.iterations if e.proposed]
+    best = long["speculative"].best
+    proposing = [len(e.proposed) for e in best.iterations if e.proposed]
     res.gamma = max(1, round(sum(proposing) / len(proposing))) if proposing else cfg.gamma
-    done += 2
+    res.drafts = [m]
     # (a) batch cost at the measured alpha and mean proposal length
     for B in batches:
         yield Progress(done, total, f"(a) batch {B}: {B} x 1 vs {B} x {res.gamma + 1} tokens", res)
@@ -111,18 +121,21 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
         v = max(1.0, ver / one)  # a pass over more tokens does the same work and more: below 1 is noise
         res.batches.append(BatchPoint(B, one, ver, v, predicted_speedup(res.alpha or 0.0, res.gamma, res.c, v)))
         done += 1
-    # (c) poor drafts: early exit at several depths (one shorter vanilla run as their baseline)
+    # (c) poor drafts: early exit at several depths against a shorter vanilla run, all alternated R times
     short = s.max_new_tokens or 32
-    base = Trace.of(pipe.vanilla(ids, greedy_cfg(1, short, s.seed, s.temperature)))
-    for L in depths:
-        yield Progress(done, total, f"(c) early exit at layer {L} of {layers}", res)
-        drafter = kind("early_exit").build({"kind": "early_exit", "layers": L}, pipe.target, None)
-        g = 3
-        dm, _ = measure(with_drafter(pipe, drafter), ids, greedy_cfg(g, short, s.seed, s.temperature), base,
-                        f"exit {L}/{layers}")
-        res.drafts.append(dm)
+    g = 3
+    exits = {L: with_drafter(pipe, kind("early_exit").build({"kind": "early_exit", "layers": L}, pipe.target, None))
+             for L in depths}
+    runs: dict[object, Fastest] = {name: Fastest() for name in ["vanilla", *depths]}
+    for r, L in rounds(R, list(runs)):
+        what = "vanilla decoding" if L == "vanilla" else f"early exit at layer {L} of {layers}"
+        yield Progress(done, total, f"(c) {what} (run {r + 1} of {R})", res)
+        if L == "vanilla":
+            runs[L].add(Trace.of(pipe.vanilla(ids, greedy_cfg(1, short, s.seed, s.temperature))))
+        else:
+            runs[L].add(Trace.of(exits[L].speculative(ids, greedy_cfg(g, short, s.seed, s.temperature))))
         done += 1
-    res.drafts.insert(0, m)
+        res.drafts = [m] + [measured(f"exit {d}/{layers}", g, runs[d], runs["vanilla"]) for d in depths if runs[d].runs]
     yield Progress(total, total, "done", res)
     yield res
 
@@ -176,7 +189,7 @@ def takeaway(res: WhenNotResult) -> str:
     pts = [(L, s) for L, s in res.lengths if s is not None]
     if pts:
         lines.append("(b) Measured speedup, prefill included: " + ", ".join(f"{s:.2f}x at {L}" for L, s in pts)
-                     + " tokens.")
+                     + " tokens" + (f" (the fastest of {res.repeats} alternated runs each)." if res.repeats > 1 else "."))
     if res.drafts:
         agree = res.rule_agrees()
         parts = ", ".join(f"{d.label}: {d.tokens_per_iteration:.2f} tok/it, c = {d.c:.2f}, {d.speedup:.2f}x"
@@ -185,4 +198,5 @@ def takeaway(res: WhenNotResult) -> str:
                      f"{sum(agree)} of {len(agree)} drafters here" + (
                          "" if all(agree) else " (it ignores the draft's cost c: a costly draft needs more, a free one less)")
                      + ".")
-    return " ".join(lines)
+        lines.append(noise_note(res.drafts))
+    return " ".join(line for line in lines if line)
