@@ -183,3 +183,23 @@ def test_a_long_replay_sends_fewer_frames_not_more_bytes(target_model, draft_mod
     assert 1 <= len(paced) <= 6 < len(full) - 1
     assert sum(len(f.tokens) for f in paced) <= 3 * 2 * view  # the budget, give or take a frame
     assert last.tokens == full[-1].tokens == tokens.tokens_html(spec.iterations)  # the end is whole
+
+
+def test_every_chart_makes_room_for_its_axis_titles_before_its_legend(target_model, draft_model, tok):
+    """With the "none" template, axes do not grow the margin for their tick labels and title: at 390 or
+    700 px, where the legend wraps onto more rows, the x title printed over the tick labels and the
+    legend over both. Every chart's axes, the Lab's subplots included, now push the margin."""
+    from specviz.lab.common import Measured
+    from specviz.lab.when_not import BatchPoint, WhenNotResult, figure as when_not_figure
+    from specviz.view import charts
+
+    state = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc", DecodeConfig(gamma=3, max_new_tokens=12)))[-1]
+    figs = list(charts.all_figures(state.spec, state.vanilla))
+    m = Measured("exit 2/4", 3, 8, 6, 1.33, 0.2, 0.2, [], 0.4, {}, 0.6, 0.6, 0.6)
+    figs.append(when_not_figure(WhenNotResult("p", batches=[BatchPoint(1, 1.0, 1.1, 1.1, 1.2)],
+                                              lengths=[(8, 1.2)], drafts=[m])))
+    assert len(figs) >= 6
+    for fig in figs:
+        d = fig.to_dict()["layout"]
+        axes = [k for k in d if k.startswith(("xaxis", "yaxis"))]
+        assert axes and all(d[k].get("automargin") is True for k in axes), (d.get("title"), axes)

@@ -14,15 +14,19 @@ COLORS = {"accepted": "#2e9e5b", "rejected": "#d64545", "resample": "#e08a1e", "
 
 
 def layout(fig: go.Figure, title: str, x: str, y: str, height: int = 260) -> go.Figure:
-    fig.update_layout(template="none", title={"text": title, "font": {"size": 14}}, height=height,
+    fig.update_layout(template="none", height=height,
+                      title={"text": title, "font": {"size": 14}, "x": 0, "xanchor": "left", "xref": "paper"},
                       margin={"l": 78, "r": 12, "t": 36, "b": 84}, xaxis_title=x, yaxis_title=y,
                       legend={"orientation": "h", "y": 0, "x": 0, "yanchor": "bottom", "yref": "container"},
                       font={"size": 11, "color": "#767676"},  # grey with 4.5:1 contrast on white, ~4:1 on a dark page
                       paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
     grid = {"gridcolor": "rgba(140,140,140,0.3)", "zerolinecolor": "rgba(140,140,140,0.5)",
             "linecolor": "rgba(140,140,140,0.6)"}
-    fig.update_xaxes(**grid)
-    fig.update_yaxes(**grid)
+    # automargin: room for tick labels and the axis title is made from the plot, not taken from the
+    # legend's (with the "none" template a narrow page printed the x title over the ticks and the
+    # legend's rows over both)
+    fig.update_xaxes(**grid, automargin=True)
+    fig.update_yaxes(**grid, automargin=True)
     return fig
 
 
