@@ -176,8 +176,21 @@ def test_a_run_slowed_by_a_neighbour_is_outvoted_and_flagged(tiny, monkeypatch):
     res = _run("gamma_sweep", pipe, gammas=[1, 3], max_new_tokens=16, repeats=2)
     assert len(calls) == 2 and all(r.repeats == 2 for r in res.runs + [res.policy])
     assert not any(r.implausible for r in res.runs)
-    assert all(r.noisy and r.spread > 1 for r in res.runs)  # the slowed baseline run is still reported
-    assert "repeats disagreed by more than 20% for gamma 1, gamma 3" in takeaway(res)
+    assert all(r.baseline_spread > 1 for r in res.runs)  # the slowed baseline run is still reported
+    assert "vanilla decoding's repeats (the baseline) disagreed by" in takeaway(res)
+
+
+def test_the_noise_note_names_whose_repeats_disagree():
+    from specviz.lab.common import Measured, noise_note
+
+    def m(label, spread=0.0, baseline=0.0, speedup=1.0, tpi=1.5):
+        return Measured(label, 3, 8, 6, tpi, 0.3, 0.3, [], 0.1, {}, speedup, speedup, speedup, [], 3, spread, baseline)
+
+    assert noise_note([m("a", 0.1, 0.1), m("b", 0.19)]) == ""
+    assert "the repeats of b disagreed by more than 20%" in noise_note([m("a", 0.1), m("b", 0.3)])
+    assert "every drafter's repeats disagreed" in noise_note([m("a", 0.3), m("b", 0.3)])
+    assert "baseline) disagreed by 45%" in noise_note([m("a", baseline=0.45), m("b")])
+    assert "a measured faster than its tokens per iteration allow" in noise_note([m("a", speedup=1.7, tpi=1.5)])
 
 
 def test_when_not_times_lengths_and_drafts_by_their_fastest_runs(tiny, monkeypatch):
@@ -186,7 +199,7 @@ def test_when_not_times_lengths_and_drafts_by_their_fastest_runs(tiny, monkeypat
     res = _run("when_not", pipe, batches=[1], lengths=[4, 8], depths=[2], max_new_tokens=8, repeats=2)
     assert len(calls) == 4  # (b) twice, (c)'s baseline twice: the slowed one is (b)'s first
     assert res.repeats == 2 and all(d.repeats == 2 for d in res.drafts)
-    assert res.drafts[0].noisy and not res.drafts[0].implausible
+    assert res.drafts[0].baseline_spread > 1 and not res.drafts[0].implausible
     # (b)'s lengths come from the fastest run to each length, not from the slowed one
     assert all(s < 2 * res.drafts[0].tokens_per_iteration for _, s in res.lengths)
 

@@ -140,7 +140,8 @@ class Measured:
     predicted: float  # theory's decode speedup from this run's alpha, c, v
     output_ids: list[int] = field(default_factory=list, repr=False)
     repeats: int = 1  # timed runs behind the numbers: the fastest of each side is compared
-    spread: float = 0.0  # max / min - 1 over the repeats, the worse of speculative and vanilla
+    spread: float = 0.0  # max / min - 1 over the speculative repeats
+    baseline_spread: float = 0.0  # the same over the vanilla runs it is compared with
 
     @property
     def noisy(self) -> bool:
@@ -196,20 +197,23 @@ def measured(label: str, gamma: int, spec: Fastest, vanilla: Fastest) -> Measure
     return Measured(label, gamma, best.tokens, len(best.iterations), s.tokens_per_iteration, best.alpha,
                     best.acceptance_rate, [list(r) for r in best.by_position()], s.c,
                     {int(k): v for k, v in s.v.items()}, s.speedup, s.decode_speedup, s.predicted, best.output_ids,
-                    len(spec.runs), max(spec.spread, vanilla.spread))
+                    len(spec.runs), spec.spread, vanilla.spread)
 
 
 def noise_note(drafts: list[Measured]) -> str:
     """A sentence naming the measurements to doubt, or "" when none is."""
     noisy = [d.label for d in drafts if d.noisy]
+    baseline = max((d.baseline_spread for d in drafts), default=0.0)
     odd = [d.label for d in drafts if d.implausible]
     parts = []
+    if baseline > NOISY:
+        parts.append(f"vanilla decoding's repeats (the baseline) disagreed by {baseline:.0%}")
     if noisy:
-        parts.append(f"repeats disagreed by more than {NOISY:.0%} for {', '.join(noisy)}")
+        who = "every drafter's repeats" if len(noisy) == len(drafts) > 1 else f"the repeats of {', '.join(noisy)}"
+        parts.append(f"{who} disagreed by more than {NOISY:.0%}")
     if odd:
         parts.append(f"{', '.join(odd)} measured faster than its tokens per iteration allow")
     if not parts:
         return ""
-    return ("Timing noise: " + "; ".join(parts) + " (another process was likely busy; run it again, "
-            "or with more repeats).")
-
+    return ("Timing noise: " + "; ".join(parts) + " (another process was likely busy; each number is the fastest "
+            "run, but run it again, or with more repeats, before relying on it).")
