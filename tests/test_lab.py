@@ -317,6 +317,14 @@ def test_browser_lab_runs_an_experiment(tiny_registry, monkeypatch):
                                    timeout=90_000)
             assert "vllm serve" in page.locator("#sv-lab-takeaway").inner_text()
             assert page.locator("#sv-lab-plot .plot-container").count() >= 1
+            # on a phone the chart keeps ~720 px and scrolls sideways (when_not's three panels squeezed
+            # into 390 px printed their titles over each other)
+            page.set_viewport_size({"width": 390, "height": 844})
+            page.wait_for_timeout(800)
+            box = page.evaluate("(e => [e.querySelector('.js-plotly-plot').getBoundingClientRect().width,"
+                                " e.scrollWidth > e.clientWidth])(document.querySelector('#sv-lab-plot'))")
+            assert box[0] >= 720 and box[1], box
+            page.set_viewport_size({"width": 1400, "height": 1000})
             page.click("#sv-lab-gamma_sweep")  # a longer one, stopped half way
             page.wait_for_function("document.querySelector('#sv-lab-status')?.innerText.includes('░')",
                                    timeout=90_000)
