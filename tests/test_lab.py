@@ -219,6 +219,38 @@ def test_cost_map_alternates_each_drafter_with_the_baseline(tiny, monkeypatch):
     assert items[-2].total == 1 + 4 * 2 and items[-2].done == items[-2].total
 
 
+def test_winners_closer_than_the_noise_are_called_a_tie():
+    """The same cost map run twice named "Best: lookup + datastore" (2.06x against 2.03x), then
+    "Best: lookup": a winner by 1.5% on a CPU whose repeated experiments differ by more."""
+    from specviz.lab.common import Measured, ties
+    from specviz.lab.cost_map import CostMapResult, takeaway
+    from specviz.lab.gamma_sweep import SweepResult, figure
+
+    assert ties([("a", 2.03), ("b", 2.06), ("c", 1.5)]) == ("b", ["a"])
+    assert ties([("a", 2.0), ("b", 1.5)]) == ("a", []) and ties([]) == (None, [])
+
+    def m(label, gamma, sp):
+        return Measured(label, gamma, 40, 20, 2.0, 0.5, 0.5, [[1, 2]], 0.01, {}, sp, sp, sp, [], 3)
+
+    cm = CostMapResult("p", speedup=[[1.0] * 22 for _ in range(21)], drafters=[m("lookup", 10, 2.03),
+                                                                              m("lookup + datastore", 10, 2.06)])
+    assert "Best: lookup + datastore, with lookup within 5% (a tie" in takeaway(cm)
+    sweep = SweepResult("p", "d", 40, runs=[m("gamma 2", 2, 1.5), m("gamma 4", 4, 2.16), m("gamma 8", 8, 2.24)],
+                        v=[1.0] * 9, alpha=0.5, theory={2: 1.4, 4: 1.9, 8: 2.0}, repeats=3)
+    assert "(incomplete" in figure(sweep).layout.title.text  # a stopped sweep names no winner
+    sweep.complete = True
+    assert "best measured γ = 8 (γ = 4 within 5%)" in figure(sweep).layout.title.text
+
+
+def test_when_not_titles_no_gamma_before_it_is_measured_and_says_why_long_lengths_are_missing():
+    from specviz.lab.when_not import WhenNotResult, figure, takeaway
+
+    res = WhenNotResult("p", lengths=[(8, 1.2), (64, 1.4), (128, None)])
+    titles = [a.text for a in figure(res).layout.annotations]
+    assert "(a) batch size (predicted)" in titles and not any("γ = 0" in t for t in titles)
+    assert "the answer ended before 128 tokens" in takeaway(res)
+
+
 @pytest.mark.parametrize("repeats", [0, 11, 1.5])
 def test_repeats_out_of_range_are_refused_before_anything_runs(repeats):
     from specviz.errors import SpecvizError

@@ -17,6 +17,7 @@ from ..trace import Speedup, Trace, compare_speed
 REPEATS = 3  # timed runs of each thing an experiment times, as the bench's --repeats
 MAX_REPEATS = 10
 NOISY = 0.20  # repeats that disagree by more than this (max / min - 1) are flagged, as in the bench
+TIE = 0.05  # measured speedups closer than this to the best are not told apart: repeated experiments differ more
 
 
 @dataclass
@@ -198,6 +199,16 @@ def measured(label: str, gamma: int, spec: Fastest, vanilla: Fastest) -> Measure
                     best.acceptance_rate, [list(r) for r in best.by_position()], s.c,
                     {int(k): v for k, v in s.v.items()}, s.speedup, s.decode_speedup, s.predicted, best.output_ids,
                     len(spec.runs), spec.spread, vanilla.spread)
+
+
+def ties(scores: list[tuple[object, float]]) -> tuple[object | None, list]:
+    """The best-scoring name and the others within ``TIE`` of it, best first: on a shared CPU the
+    same experiment run twice swaps winners that close (2.06x against 2.03x, then 1.95x against 1.99x)."""
+    if not scores:
+        return None, []
+    ranked = sorted(scores, key=lambda t: -t[1])
+    top, best = ranked[0]
+    return top, [name for name, v in ranked[1:] if best > 0 and v >= best * (1 - TIE)]
 
 
 def noise_note(drafts: list[Measured]) -> str:

@@ -15,10 +15,10 @@ from ..pipeline import Pipeline
 from ..theory import best_gamma
 from ..view.charts import COLORS, layout
 from ..trace import Trace
-from .common import (DRAFT_SHADES, DRAFT_SYMBOLS, Fastest, Measured, Progress, Settings, greedy_cfg, jsonable,
-                     measured, noise_note, rounds, with_drafter)
+from .common import (DRAFT_SHADES, DRAFT_SYMBOLS, TIE, Fastest, Measured, Progress, Settings, greedy_cfg, jsonable,
+                     measured, noise_note, rounds, ties, with_drafter)
 
-ALPHAS = [i / 20 for i in range(20)]  # 0 .. 0.95
+ALPHAS = [i / 20 for i in range(20)] + [0.975, 0.99]  # 0 .. 0.99: the map reaches the axis's end
 COSTS = [i / 20 for i in range(21)]  # 0 .. 1
 
 
@@ -109,7 +109,6 @@ def figure(res: CostMapResult) -> go.Figure:
 def takeaway(res: CostMapResult) -> str:
     if not res.drafters:
         return "No drafter measured."
-    best = max(res.drafters, key=lambda d: d.speedup)
     lines = []
     for d in res.drafters:
         a = "n/a" if d.alpha is None else f"{d.alpha:.2f}"
@@ -122,6 +121,10 @@ def takeaway(res: CostMapResult) -> str:
     need = (f"On this CPU a free draft pays from α ≈ {free:.2f}" if free is not None else "Even a free draft does not pay")
     need += (f", a draft at half a target step only from α ≈ {half:.2f}." if half is not None
              else "; a draft at half a target step never does.")
-    tail = f" (each the fastest of {res.repeats} runs, alternated with the baseline's)" if res.repeats > 1 else ""
-    return " ".join(x for x in (f"{need} Measured here{tail}: " + "; ".join(lines) + f". Best: {best.label}.",
+    tail = (f" (each the fastest of {res.repeats} runs, the drafters and the vanilla baseline taking turns)"
+            if res.repeats > 1 else "")
+    best, close = ties([(d.label, d.speedup) for d in res.drafters])
+    verdict = f"Best: {best}" + (f", with {' and '.join(close)} within {TIE:.0%} (a tie at this machine's noise)"
+                                 if close else "") + "."
+    return " ".join(x for x in (f"{need} Measured here{tail}: " + "; ".join(lines) + ". " + verdict,
                                 noise_note(res.drafters)) if x)

@@ -13,8 +13,8 @@ from ..pipeline import Pipeline
 from ..theory import expected_tokens, predicted_speedup
 from ..view.charts import COLORS, layout
 from ..trace import Trace
-from .common import (Fastest, Measured, Progress, Settings, fixed_length, greedy_cfg, jsonable, measured, noise_note,
-                     rounds, with_drafter)
+from .common import (TIE, Fastest, Measured, Progress, Settings, fixed_length, greedy_cfg, jsonable, measured,
+                     noise_note, rounds, ties, with_drafter)
 
 TOLERANCE = 0.15  # "the theory is within 15% of the measurement"
 
@@ -32,6 +32,7 @@ class SweepResult:
     theory: dict[int, float] = field(default_factory=dict)  # predicted speedup at each gamma (pooled alpha)
     theory_tokens: dict[int, float] = field(default_factory=dict)  # expected tokens per iteration
     repeats: int = 1  # timed runs of each gamma, the baseline and the policy, alternated; the fastest compared
+    complete: bool = False  # every run done (a stopped or still running sweep shows what it has)
 
     def to_json(self) -> dict:
         return jsonable(self)
@@ -40,6 +41,10 @@ class SweepResult:
         m = max(self.runs, key=lambda r: r.decode_speedup, default=None)
         g = max(self.theory, key=self.theory.get, default=None)
         return m, g
+
+    def close_to_best(self) -> list[int]:
+        """Gammas whose measured speedup is within ``TIE`` of the best one's: not told apart here."""
+        return ties([(r.gamma, r.decode_speedup) for r in self.runs])[1]
 
     def within(self) -> list[tuple[int, float, float]]:
         """(gamma, measured, predicted from the run's own alpha, c and proposal lengths) per run."""
@@ -97,6 +102,7 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
                                       runs["vanilla"])
             res.theory, res.theory_tokens = {}, {}
             _pool(res)
+    res.complete = True
     yield Progress(total, total, "done", res)
     yield res
 
@@ -124,8 +130,12 @@ def figure(res: SweepResult) -> go.Figure:
     fig.add_hline(y=1.0, line={"color": "rgba(140,140,140,0.7)", "width": 1})
     fig.update_layout(yaxis2={"overlaying": "y", "side": "right", "title": "tokens / iteration", "showgrid": False})
     title = "Speedup over vanilla by γ"
-    if best is not None and g_theory is not None:
-        title += f": best measured γ = {best.gamma}, predicted γ = {g_theory}"
+    if not res.complete:
+        title += " (incomplete: not every γ has all its runs)"
+    elif best is not None and g_theory is not None:
+        close = res.close_to_best()
+        title += f": best measured γ = {best.gamma}" + (
+            f" (γ = {', '.join(map(str, sorted(close)))} within {TIE:.0%})" if close else "") + f", predicted γ = {g_theory}"
     fig = layout(fig, title, "γ (draft tokens per iteration, fixed)", "decode speedup (×)", height=320)
     fig.update_layout(margin={"r": 56})  # room for the right axis (tokens per iteration)
     return fig
@@ -138,11 +148,15 @@ def takeaway(res: SweepResult) -> str:
     tpi = [r.tokens_per_iteration for r in res.runs]
     rises = all(b >= a - 0.05 for a, b in zip(tpi, tpi[1:]))
     lo, hi = res.runs[0], res.runs[-1]
-    lines = [f"Tokens per iteration went from {lo.tokens_per_iteration:.2f} at γ = {lo.gamma} to "
-             f"{hi.tokens_per_iteration:.2f} at γ = {hi.gamma} "
-             f"({'never falling by more than noise' if rises else 'not monotone: acceptance here is not i.i.d.'}); "
-             f"the speedup peaked at γ = {best.gamma} ({best.decode_speedup:.2f}x) and was {hi.decode_speedup:.2f}x "
-             f"at γ = {hi.gamma}: more drafts cost more verify{' and draft' if res.c > 0.05 else ''} time."]
+    close = res.close_to_best()
+    tie = (f", with γ = {', '.join(map(str, sorted(close)))} within {TIE:.0%} of it (closer than the same "
+           f"experiment run twice agrees: a tie)" if close else "")
+    lines = [f"Over {res.max_new_tokens} new tokens, tokens per iteration went from {lo.tokens_per_iteration:.2f} "
+             f"at γ = {lo.gamma} to {hi.tokens_per_iteration:.2f} at γ = {hi.gamma} "
+             f"({'never falling by more than 0.05' if rises else 'not monotone: acceptance here is not i.i.d.'}); "
+             f"the speedup peaked at γ = {best.gamma} ({best.decode_speedup:.2f}x){tie} and was "
+             f"{hi.decode_speedup:.2f}x at γ = {hi.gamma}: more drafts cost more verify"
+             f"{' and draft' if res.c > 0.05 else ''} time."]
     if res.alpha is not None:
         lines.append(f"Theory from the pooled α = {res.alpha:.2f}, c = {res.c:.3f} and this CPU's v(γ) "
                      f"(v({hi.gamma}) = {res.v[min(hi.gamma, len(res.v) - 1)]:.2f}) puts the best γ at {g_theory}.")
@@ -160,6 +174,7 @@ def takeaway(res: SweepResult) -> str:
         lines.append(f"The pair's own policy: {res.policy.decode_speedup:.2f}x with "
                      f"{res.policy.tokens_per_iteration:.2f} tokens per iteration.")
     if res.repeats > 1:
-        lines.append(f"Each point is the fastest of {res.repeats} runs, alternated with the baseline's.")
+        lines.append(f"Each point is the fastest of {res.repeats} runs: every γ, the policy and the vanilla baseline "
+                     f"take turns, round after round.")
     lines.append(noise_note(res.runs + ([res.policy] if res.policy is not None else [])))
     return " ".join(line for line in lines if line)

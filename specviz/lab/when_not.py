@@ -142,7 +142,8 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
 
 def figure(res: WhenNotResult) -> go.Figure:
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
-        f"(a) batch size (predicted, γ = {res.gamma})", "(b) output length (measured)", "(c) draft quality (measured)"))
+        f"(a) batch size (predicted, γ = {res.gamma})" if res.gamma else "(a) batch size (predicted)",
+        "(b) output length (measured)", "(c) draft quality (measured)"))
     if res.batches:
         bs = [b.batch for b in res.batches]
         fig.add_scatter(x=bs, y=[b.predicted for b in res.batches], mode="lines+markers", name="predicted speedup",
@@ -188,8 +189,11 @@ def takeaway(res: WhenNotResult) -> str:
                      + " (Predicted from measured costs; a GPU shows the memory-bound to compute-bound turn later.)")
     pts = [(L, s) for L, s in res.lengths if s is not None]
     if pts:
+        short = [L for L, s in res.lengths if s is None]
         lines.append("(b) Measured speedup, prefill included: " + ", ".join(f"{s:.2f}x at {L}" for L, s in pts)
-                     + " tokens" + (f" (the fastest of {res.repeats} alternated runs each)." if res.repeats > 1 else "."))
+                     + " tokens" + (f" (the fastest of {res.repeats} alternated runs each)" if res.repeats > 1 else "")
+                     + (f"; the answer ended before {short[0]} tokens, so longer outputs are not measured."
+                        if short else "."))
     if res.drafts:
         agree = res.rule_agrees()
         parts = ", ".join(f"{d.label}: {d.tokens_per_iteration:.2f} tok/it, c = {d.c:.2f}, {d.speedup:.2f}x"
