@@ -377,7 +377,7 @@ def lab_tab(inputs: dict) -> None:
 
     from specviz.lab import EXPERIMENTS, experiment
     from specviz.lab.broken import BROKEN
-    from specviz.lab.common import Progress, Settings
+    from specviz.lab.common import GLOSSARY, Progress, Settings
 
     def run_lab(name, variant, pair, target, drafter, prompt, chat, temperature, seed, request: gr.Request = None):
         session = _session(request)
@@ -411,7 +411,7 @@ def lab_tab(inputs: dict) -> None:
                 else:
                     path = EXPORTS.save_json(_session(request), f"specviz-lab-{name}", {  # bounded, private
                         "experiment": name, "pair": pipe.name, "settings": s.to_json(),
-                        "result": item.to_json(), "takeaway": mod.takeaway(item)})
+                        "result": item.to_json(), "takeaway": mod.takeaway(item), "glossary": GLOSSARY})
                     yield (f"■ done: **{title}** on {md(pipe.name)}", mod.figure(item),
                            md_text(mod.takeaway(item), 4000), path)
         except SpecvizError as e:

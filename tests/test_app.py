@@ -583,6 +583,8 @@ def test_a_lab_run_first_clears_the_last_result_and_a_stop_before_any_chart_says
     done = list(fn("raw_q", "tiny-draft", tiny_app.PAIR_CHOICE, tiny_app.PAIR_CHOICE, "abc abc abc", True, 0.0, 0))
     status, plot, takeaway, export = done[-1]
     assert "■ done" in status and plot is not None and takeaway and export
+    saved = json.load(open(export))  # the page's file defines its numbers, as the command line's does
+    assert saved["result"]["runs"] and set(saved["result"]["runs"][0]) <= set(saved["glossary"])
 
 
 @pytest.mark.parametrize("edit,needle", [

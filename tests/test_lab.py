@@ -289,6 +289,12 @@ def test_cli_lab_json(tiny_registry, capsys):
                  "--max-new-tokens", "8", "--json"])
     lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
     assert code == 0 and lines[-1]["event"] == "result" and lines[-1]["experiment"] == "production"
+    # every number a measured drafter carries is defined beside it (the JSON had speedup and
+    # decode_speedup, alpha and acceptance_rate, spread, with no word on what they are)
+    from dataclasses import fields
+
+    from specviz.lab.common import Measured
+    assert set(lines[-1]["glossary"]) == {f.name for f in fields(Measured)}
     assert main(["lab", "list"]) == 0 and set(EXPERIMENTS) <= set(capsys.readouterr().out.split())
 
 

@@ -52,7 +52,7 @@ def main(args) -> int:
     from ..registry import load_registry
     from . import experiment
     from .broken import BROKEN
-    from .common import Progress, Settings
+    from .common import GLOSSARY, Progress, Settings
 
     if args.experiment == "list":
         for name, (_, title, claim) in EXPERIMENTS.items():
@@ -89,7 +89,7 @@ def main(args) -> int:
     if args.json:
         print(json.dumps({"event": "result", "experiment": args.experiment, "pair": pipe.name,
                           "seconds": round(took, 1), "load_seconds": round(loaded, 1),
-                          "result": result.to_json(), "takeaway": mod.takeaway(result)}))
+                          "result": result.to_json(), "takeaway": mod.takeaway(result), "glossary": GLOSSARY}))
     else:
         print(mod.takeaway(result))
         print(f"\n({args.experiment} on {pipe.name}: {took:.1f} s, after {loaded:.1f} s loading)", file=sys.stderr)

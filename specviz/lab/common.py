@@ -156,6 +156,28 @@ class Measured:
         return self.speedup > 1.1 * self.tokens_per_iteration
 
 
+# what each number in a Measured means: written into every exported result beside the numbers
+GLOSSARY = {
+    "label": "which drafter (or gamma) was measured",
+    "gamma": "the most draft tokens asked for per iteration",
+    "tokens": "new tokens generated",
+    "iterations": "speculative iterations (one target pass each)",
+    "tokens_per_iteration": "tokens / iterations (vLLM's mean acceptance length)",
+    "alpha": "per-position acceptance: kept / examined draft tokens (the alpha of Leviathan et al.)",
+    "acceptance_rate": "kept / proposed draft tokens (those after a rejection are proposed but never examined)",
+    "by_position": "[kept, examined] per draft position 1, 2, ...",
+    "c": "draft time per proposed token, in plain target steps",
+    "v": "verify time of a pass of g + 1 tokens, in plain target steps, by g",
+    "speedup": "vanilla time / speculative time for the same tokens, prefill included (fastest run of each)",
+    "decode_speedup": "the same without the prefill",
+    "predicted": "Leviathan et al.'s decode speedup from this run's alpha, c and v",
+    "output_ids": "the generated token ids (identical to vanilla's in greedy decoding)",
+    "repeats": "timed runs of this drafter (and of its vanilla baseline), taken in turns; the fastest is used",
+    "spread": "max / min - 1 of this drafter's run times: above 0.2 the machine was busy",
+    "baseline_spread": "the same for the vanilla runs it is compared with",
+}
+
+
 class Fastest:
     """Repeated runs of one thing: the fastest kept, the others' times for the spread. A neighbour's
     burst slows a run and never speeds one up, and the first run of a shape pays for allocating
