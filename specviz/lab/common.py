@@ -186,9 +186,8 @@ class Fastest:
     def __init__(self) -> None:
         self.runs: list[Trace] = []
 
-    def add(self, trace: Trace) -> Trace:
+    def add(self, trace: Trace) -> None:
         self.runs.append(trace)
-        return trace
 
     @property
     def best(self) -> Trace:

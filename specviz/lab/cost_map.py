@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Iterator
 
 import plotly.graph_objects as go
@@ -13,7 +14,7 @@ import plotly.graph_objects as go
 from ..drafters import kind
 from ..pipeline import Pipeline
 from ..theory import best_gamma
-from ..view.charts import COLORS, layout
+from ..view.charts import layout
 from ..trace import Trace
 from .common import (DRAFT_SHADES, DRAFT_SYMBOLS, TIE, Fastest, Measured, Progress, Settings, greedy_cfg, jsonable,
                      measured, noise_note, rounds, ties, with_drafter)
@@ -57,11 +58,13 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     R = s.rounds
     res = CostMapResult(pipe.name, repeats=R)
     specs = _drafter_specs(pipe, depths)
-    pipes = [pipe if spec is None else with_drafter(pipe, kind(spec["kind"]).build(spec, pipe.target, None))
-             for _, spec, _ in specs]
-    names: list = ["vanilla", *range(len(specs))]
-    runs = {name: Fastest() for name in names}
-    total = 1 + len(names) * R
+    jobs = {"vanilla": (f"vanilla decoding of {n} tokens (the baseline)",
+                        partial(pipe.vanilla, ids, greedy_cfg(1, n, s.seed, s.temperature)))}
+    for i, (label, spec, gamma) in enumerate(specs):
+        p = pipe if spec is None else with_drafter(pipe, kind(spec["kind"]).build(spec, pipe.target, None))
+        jobs[i] = (f"measuring {label}", partial(p.speculative, ids, greedy_cfg(gamma, n, s.seed, s.temperature)))
+    runs = {name: Fastest() for name in jobs}
+    total = 1 + len(jobs) * R
     yield Progress(0, total, "this hardware's verify cost v(g)")
     res.v = pipe.target_lm.cost_profile(17, ids)
     for c in res.costs:
@@ -69,13 +72,10 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
         res.speedup.append([sp for _, sp in row])
         res.best.append([g for g, _ in row])
     done = 1
-    for r, i in rounds(R, names):
-        what = f"vanilla decoding of {n} tokens (the baseline)" if i == "vanilla" else f"measuring {specs[i][0]}"
+    for r, name in rounds(R, list(jobs)):
+        what, job = jobs[name]
         yield Progress(done, total, f"{what} (run {r + 1} of {R})", res)
-        if i == "vanilla":
-            runs[i].add(Trace.of(pipe.vanilla(ids, greedy_cfg(1, n, s.seed, s.temperature))))
-        else:
-            runs[i].add(Trace.of(pipes[i].speculative(ids, greedy_cfg(specs[i][2], n, s.seed, s.temperature))))
+        runs[name].add(Trace.of(job()))
         done += 1
         res.drafters = [measured(label, gamma, runs[j], runs["vanilla"])
                         for j, (label, _, gamma) in enumerate(specs) if runs[j].runs and runs["vanilla"].runs]

@@ -5,6 +5,7 @@ against Leviathan et al.'s curve from the measured alpha, draft cost c and verif
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Iterator
 
 import plotly.graph_objects as go
@@ -58,6 +59,7 @@ def _pool(res: SweepResult) -> None:
     weights = [(r.c, sum(n for _, n in r.by_position)) for r in res.runs]
     total = sum(w for _, w in weights)
     res.c = sum(c * w for c, w in weights) / total if total else 0.0
+    res.theory, res.theory_tokens = {}, {}  # rebuilt from the runs as they stand
     if res.alpha is not None and res.v:
         for r in res.runs:
             g = r.gamma
@@ -77,30 +79,27 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     res = SweepResult(pipe.name, pipe.drafter.name, n, repeats=R)
     policy_gamma = s.gamma or pipe.gamma
     fixed = with_drafter(pipe, fixed_length(pipe.drafter))
-    names: list = ["vanilla", *gammas, "policy"]
-    runs = {name: Fastest() for name in names}
-    total = 1 + len(names) * R
+    jobs = {"vanilla": (f"vanilla decoding of {n} tokens (the baseline)",
+                        partial(pipe.vanilla, ids, greedy_cfg(1, n, s.seed, s.temperature)))}
+    jobs.update({g: (f"gamma = {g}", partial(fixed.speculative, ids, greedy_cfg(g, n, s.seed, s.temperature)))
+                 for g in gammas})
+    jobs["policy"] = (f"the pair's own drafter at gamma {policy_gamma}",
+                      partial(pipe.speculative, ids, greedy_cfg(policy_gamma, n, s.seed, s.temperature)))
+    runs = {name: Fastest() for name in jobs}
+    total = 1 + len(jobs) * R
     yield Progress(0, total, "this hardware's verify cost v(g)")
     res.v = pipe.target_lm.cost_profile(max(gammas) + 1, ids)
     done = 1
-    for r, name in rounds(R, names):
-        what = {"vanilla": f"vanilla decoding of {n} tokens (the baseline)",
-                "policy": f"the pair's own drafter at gamma {policy_gamma}"}.get(name, f"gamma = {name}")
+    for r, name in rounds(R, list(jobs)):
+        what, job = jobs[name]
         yield Progress(done, total, f"{what} (run {r + 1} of {R})", res if res.runs else None)
-        if name == "vanilla":
-            trace = pipe.vanilla(ids, greedy_cfg(1, n, s.seed, s.temperature))
-        elif name == "policy":
-            trace = pipe.speculative(ids, greedy_cfg(policy_gamma, n, s.seed, s.temperature))
-        else:
-            trace = fixed.speculative(ids, greedy_cfg(name, n, s.seed, s.temperature))
-        runs[name].add(Trace.of(trace))
+        runs[name].add(Trace.of(job()))
         done += 1
         if runs["vanilla"].runs:  # every measurement against the fastest baseline so far
             res.runs = [measured(f"gamma {g}", g, runs[g], runs["vanilla"]) for g in gammas if runs[g].runs]
             if runs["policy"].runs:
                 res.policy = measured(f"{pipe.drafter.name} (gamma {policy_gamma})", policy_gamma, runs["policy"],
                                       runs["vanilla"])
-            res.theory, res.theory_tokens = {}, {}
             _pool(res)
     res.complete = True
     yield Progress(total, total, "done", res)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Iterator
 
 import plotly.graph_objects as go
@@ -97,11 +98,12 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     # their prefixes, each length timed by its fastest run
     n = max(lengths)
     cfg = greedy_cfg(s.gamma or pipe.gamma, n, s.seed, s.temperature)
-    long = {"vanilla": Fastest(), "speculative": Fastest()}
-    for r, side in rounds(R, list(long)):
+    sides = {"vanilla": pipe.vanilla, "speculative": pipe.speculative}
+    long = {side: Fastest() for side in sides}
+    for r, side in rounds(R, list(sides)):
         yield Progress(done, total, f"(b) {side} decoding of up to {n} tokens (run {r + 1} of {R})",
                        res if res.lengths else None)
-        long[side].add(Trace.of((pipe.vanilla if side == "vanilla" else pipe.speculative)(ids, cfg)))
+        long[side].add(Trace.of(sides[side](ids, cfg)))
         done += 1
         if len(long["vanilla"].runs) == len(long["speculative"].runs):
             res.lengths = []
@@ -124,16 +126,16 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     # (c) poor drafts: early exit at several depths against a shorter vanilla run, all alternated R times
     short = s.max_new_tokens or 32
     g = 3
-    exits = {L: with_drafter(pipe, kind("early_exit").build({"kind": "early_exit", "layers": L}, pipe.target, None))
-             for L in depths}
-    runs: dict[object, Fastest] = {name: Fastest() for name in ["vanilla", *depths]}
-    for r, L in rounds(R, list(runs)):
-        what = "vanilla decoding" if L == "vanilla" else f"early exit at layer {L} of {layers}"
+    jobs = {"vanilla": ("vanilla decoding", partial(pipe.vanilla, ids, greedy_cfg(1, short, s.seed, s.temperature)))}
+    for L in depths:
+        exit_l = with_drafter(pipe, kind("early_exit").build({"kind": "early_exit", "layers": L}, pipe.target, None))
+        jobs[L] = (f"early exit at layer {L} of {layers}",
+                   partial(exit_l.speculative, ids, greedy_cfg(g, short, s.seed, s.temperature)))
+    runs = {name: Fastest() for name in jobs}
+    for r, name in rounds(R, list(jobs)):
+        what, job = jobs[name]
         yield Progress(done, total, f"(c) {what} (run {r + 1} of {R})", res)
-        if L == "vanilla":
-            runs[L].add(Trace.of(pipe.vanilla(ids, greedy_cfg(1, short, s.seed, s.temperature))))
-        else:
-            runs[L].add(Trace.of(exits[L].speculative(ids, greedy_cfg(g, short, s.seed, s.temperature))))
+        runs[name].add(Trace.of(job()))
         done += 1
         res.drafts = [m] + [measured(f"exit {d}/{layers}", g, runs[d], runs["vanilla"]) for d in depths if runs[d].runs]
     yield Progress(total, total, "done", res)
