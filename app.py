@@ -438,8 +438,10 @@ def lab_tab(inputs: dict) -> None:
                 buttons = {n: gr.Button(f"{i + 1}. {t}", elem_id=f"sv-lab-{n}", size="sm")
                            for i, (n, (_, t, _)) in enumerate(EXPERIMENTS.items())}
             with gr.Row():
+                broken_at = list(EXPERIMENTS).index("same_outputs")  # the one experiment that draws a broken rule
                 variant = gr.Dropdown([(v.replace("_", " "), v) for v in BROKEN], value="raw_q",
-                                      label="Break it: the broken rule drawn in the chart (all are tested)")
+                                      label=f"Break it, for {broken_at + 1}. {EXPERIMENTS['same_outputs'][1]} only: "
+                                            "the broken rule drawn in its chart (all are tested)")
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-lab-stop", size="sm")
             status = gr.Markdown("Pick an experiment.", elem_id="sv-lab-status")
             plot = gr.Plot(show_label=False, elem_id="sv-lab-plot")

@@ -125,6 +125,20 @@ def test_typed_whole_numbers_reach_the_handlers_as_typed():
         assert boxes[label].preprocess(3) == 3, label
 
 
+def test_the_break_it_menu_names_the_one_experiment_it_changes():
+    """The "Break it" menu sat beside all five Lab buttons as if it changed each; only "Same outputs?"
+    draws a broken rule."""
+    import gradio as gr
+
+    from specviz.lab import EXPERIMENTS
+
+    menus = [b for b in app_module.demo.blocks.values() if isinstance(b, gr.Dropdown) and "Break it" in (b.label or "")]
+    assert len(menus) == 1
+    n = list(EXPERIMENTS).index("same_outputs") + 1
+    assert f"{n}. {EXPERIMENTS['same_outputs'][1]} only" in menus[0].label
+    assert not any(t in menus[0].label for _, t, _ in [v for k, v in EXPERIMENTS.items() if k != "same_outputs"])
+
+
 def test_handler_streams_and_summarises(tiny_app, every_state):
     frames = list(tiny_app.run_decoding(*args()))
     assert len(frames) >= 4  # loading/prefill, several iterations, the end

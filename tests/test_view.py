@@ -203,3 +203,27 @@ def test_every_chart_makes_room_for_its_axis_titles_before_its_legend(target_mod
         d = fig.to_dict()["layout"]
         axes = [k for k in d if k.startswith(("xaxis", "yaxis"))]
         assert axes and all(d[k].get("automargin") is True for k in axes), (d.get("title"), axes)
+
+
+def test_lab_markers_at_one_spot_nest_and_panel_a_names_both_of_its_quantities():
+    """Two drafters measured at the same (alpha, c) drew one marker: the later one, the same size,
+    hid the earlier. And when_not's panel (a), which draws the verify cost v beside the predicted
+    speedup, had its y axis titled "speedup (×)" alone."""
+    from specviz.lab.common import Measured
+    from specviz.lab.cost_map import CostMapResult, figure as cost_map_figure
+    from specviz.lab.when_not import BatchPoint, WhenNotResult, figure as when_not_figure
+
+    def m(label):
+        return Measured(label, 3, 8, 6, 1.33, 0.2, 0.2, [], 0.4, {}, 0.6, 0.6, 0.6)
+
+    same = [m("lookup"), m("early exit 2"), m("draft")]
+    res = CostMapResult("p", alphas=[0.0, 1.0], costs=[0.0, 1.0], speedup=[[1.0, 2.0], [0.5, 1.0]], drafters=same)
+    marks = [t["marker"] for t in cost_map_figure(res).to_dict()["data"] if t.get("mode") == "markers"]
+    sizes = [mk["size"] for mk in marks]
+    assert len(marks) == 3 and sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3
+    assert len({mk["symbol"] for mk in marks}) == 3
+    wn = when_not_figure(WhenNotResult("p", batches=[BatchPoint(1, 1.0, 1.1, 1.1, 1.2)], lengths=[(8, 1.2)],
+                                       drafts=same)).to_dict()
+    assert "v" in wn["layout"]["yaxis"]["title"]["text"]
+    wn_sizes = [t["marker"]["size"] for t in wn["data"] if t.get("mode") == "markers"]
+    assert wn_sizes == sorted(wn_sizes, reverse=True) and len(set(wn_sizes)) == 3

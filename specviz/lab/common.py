@@ -122,6 +122,13 @@ DRAFT_SYMBOLS = ["circle", "square", "diamond", "triangle-up", "cross", "triangl
 DRAFT_SHADES = ["#1b7a3a", "#2ca25f", "#66c2a4", "#238b8b", "#41ae76", "#99d8c9", "#006d2c", "#74c476"]
 
 
+def draft_marker(i: int, edge: str = "#222") -> dict:
+    """The i-th drafter's marker: its own symbol and shade, and a size that shrinks with i, so drafters
+    measured at the same spot nest inside each other instead of the last one hiding the rest."""
+    return {"color": DRAFT_SHADES[i % len(DRAFT_SHADES)], "symbol": DRAFT_SYMBOLS[i % len(DRAFT_SYMBOLS)],
+            "size": max(9, 17 - 2 * i), "line": {"color": edge, "width": 1}}
+
+
 @dataclass
 class Measured:
     """One drafter on the prompt against vanilla decoding: what the bench measures, for one prompt."""

@@ -16,7 +16,7 @@ from ..pipeline import Pipeline
 from ..theory import best_gamma
 from ..view.charts import layout
 from ..trace import Trace
-from .common import (DRAFT_SHADES, DRAFT_SYMBOLS, TIE, Fastest, Measured, Progress, Settings, greedy_cfg, jsonable,
+from .common import (TIE, Fastest, Measured, Progress, Settings, draft_marker, greedy_cfg, jsonable,
                      measured, noise_note, rounds, ties, with_drafter)
 
 ALPHAS = [i / 20 for i in range(20)] + [0.975, 0.99]  # 0 .. 0.99: the map reaches the axis's end
@@ -96,8 +96,7 @@ def figure(res: CostMapResult) -> go.Figure:
     for i, d in enumerate(d for d in res.drafters if d.alpha is not None):
         label = html.escape(d.label)
         fig.add_scatter(x=[d.alpha], y=[min(d.c, 1.1)], mode="markers", name=f"{label}: {d.speedup:.2f}x measured",
-                        marker={"color": DRAFT_SHADES[i % len(DRAFT_SHADES)], "size": 11,
-                                "symbol": DRAFT_SYMBOLS[i % len(DRAFT_SYMBOLS)], "line": {"color": "#222", "width": 1}},
+                        marker=draft_marker(i),
                         hovertemplate=f"{label}: α %{{x:.2f}}, c %{{y:.2f}}, {d.speedup:.2f}x measured<extra></extra>",
                         cliponaxis=False)
     fig.update_xaxes(range=[0, 1])

@@ -22,7 +22,7 @@ from ..pipeline import Pipeline
 from ..theory import predicted_speedup
 from ..view.charts import COLORS, layout
 from ..trace import Trace
-from .common import (DRAFT_SHADES, DRAFT_SYMBOLS, Fastest, Measured, Progress, Settings, greedy_cfg, jsonable,
+from .common import (Fastest, Measured, Progress, Settings, draft_marker, greedy_cfg, jsonable,
                      measured, noise_note, rounds, with_drafter)
 
 RULE = 1.5  # tokens per iteration below which explainers say speculation does not pay
@@ -162,9 +162,7 @@ def figure(res: WhenNotResult) -> go.Figure:
         # labels printed over each other (early exits at nearby depths land close together)
         for i, d in enumerate(res.drafts):
             fig.add_scatter(x=[d.tokens_per_iteration], y=[d.speedup], mode="markers", name=f"(c) {html.escape(d.label)}",
-                            marker={"color": DRAFT_SHADES[i % len(DRAFT_SHADES)], "size": 10,
-                                    "symbol": DRAFT_SYMBOLS[i % len(DRAFT_SYMBOLS)],
-                                    "line": {"color": "white", "width": 1}},
+                            marker=draft_marker(i, edge="white"),
                             hovertemplate=f"{html.escape(d.label)}: %{{x:.2f}} tokens/iteration, %{{y:.2f}}x<extra></extra>",
                             cliponaxis=False, row=1, col=3)
         fig.add_vline(x=RULE, line={"dash": "dash", "color": COLORS["rejected"], "width": 1}, row=1, col=3)
@@ -176,6 +174,8 @@ def figure(res: WhenNotResult) -> go.Figure:
     fig = layout(fig, "When speculation stops paying", "", "speedup (×)", height=340)
     fig.update_layout(margin={"t": 64}, title={"y": 0.98})
     fig.update_layout(xaxis_title="batch size B")
+    # panel (a) also draws the verify cost v, a ratio of pass times: its axis is not speedup alone
+    fig.update_yaxes(title_text="speedup, or cost v (×)" if res.batches else "speedup (×)", row=1, col=1)
     return fig
 
 
