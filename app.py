@@ -21,7 +21,7 @@ from specviz.mainthread import MainThreadRunner, StopFlags
 from specviz.pipeline import build_pipeline, resolve_pair
 from specviz.registry import load_registry
 from specviz.view import menus, tokens
-from specviz.view.frames import Frame, FrameMaker, inspector_frame, live_run, replay_frames
+from specviz.view.frames import CHART_NAMES, Frame, FrameMaker, inspector_frame, live_run, replay_frames
 from specviz.view.text import md, md_text, progress_line, waiting_status
 
 try:  # ZeroGPU on Hugging Face Spaces; a no-op everywhere else
@@ -94,12 +94,15 @@ BROWSER_EXACT = 2 ** 53  # a browser's number box holds whole numbers exactly up
 
 def typed_seed(seed):
     """The page's seed as typed. A browser sends numbers as doubles: one typed above 2^53 arrives already
-    rounded (18446744073709551615 as 18446744073709551616), and ran another seed than the box showed."""
+    rounded (18446744073709551615 as 18446744073709551616), and ran another seed than the box showed.
+    gradio hands it over as an int or a float, so neither type says whether it was rounded: above 2^53
+    the page refuses both (the /v1 API and the CLI take any 64-bit seed)."""
     if seed in (None, ""):
         return 0
-    if isinstance(seed, float) and abs(seed) > BROWSER_EXACT:
-        raise SpecvizError(f"a seed above 2^53 ({BROWSER_EXACT:,}) cannot be typed exactly in a browser (it arrives "
-                           f"as {seed:,.0f}); use a smaller one here, or the API or CLI for any 64-bit seed")
+    if isinstance(seed, (int, float)) and not isinstance(seed, bool) and abs(seed) > BROWSER_EXACT:
+        raise SpecvizError(f"a seed above 2^53 ({BROWSER_EXACT:,}) cannot be typed exactly in a browser: it arrives "
+                           f"rounded (here as {seed:,.0f}), so another seed would run than the box shows; use one up to "
+                           "2^53 here, or the /v1 API or the CLI for any 64-bit seed")
     return seed
 
 
@@ -116,6 +119,17 @@ def _chosen(pair, target, drafter, prompt) -> tuple[str | None, str | None, str 
     return (None if custom_target else pair), custom_target, custom_drafter
 
 
+def _cleared() -> dict:
+    """The page with no run on it: what a run or replay shows first, so that no panel it has not drawn
+    yet (the summary, the time split, the inspector, the file) passes for its result."""
+    out = {C[k]: None for k in ("export", "result", "runs") + tuple(f"fig_{n}" for n in CHART_NAMES)}
+    html_, fig = inspector_frame(None, 0)
+    out.update({C["tokens"]: tokens.tokens_html([]), C["output"]: "", C["summary"]: "",
+                C["inspect_html"]: html_, C["inspect_fig"]: fig,
+                C["iteration"]: gr.update(maximum=1, value=0, interactive=False)})
+    return out
+
+
 def _updates(frame: Frame | None) -> dict:
     if frame is None:
         return {}
@@ -128,7 +142,7 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
     """Stream one run into the page; waits its turn in the decode queue it shares with the API."""
     session = _session(request)
     halt = STOPS.open(session, "run")
-    ran = False  # once the engine yields its first event, what the page shows is this run's
+    ran = False  # once the engine yields its first event, the page is cleared: what it shows is this run's
     try:
         cfg = DecodeConfig.from_settings(gamma, temperature, top_k, top_p, max_new_tokens, typed_seed(seed),
                                          REFERENCE if costs == "reference" else None)
@@ -164,15 +178,17 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
             return
         maker = FrameMaker(lambda s, v: EXPORTS.save(session, s, v))
 
-        yield {C["status"]: "● prefilling the prompt…", C["tokens"]: tokens.tokens_html([])}
+        yield {C["status"]: "● prefilling the prompt…"}  # the earlier run stays until this prompt is accepted
         stream = RUNNER.turns(lambda: live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla)),
                               on_wait=lambda ahead, eta: {C["status"]: waiting_status(ahead, eta)})
         for item in stream:
             if halt.is_set():  # Stop: draw what ran, decode no further (closing the stream ends it)
                 yield _updates(maker.stopped()) or {C["status"]: STOPPED_EARLY}
                 break
-            ran = ran or not isinstance(item, dict)  # the engine's first event: the prompt was accepted
             update = item if isinstance(item, dict) else _updates(maker.add(item))
+            if not ran and not isinstance(item, dict):  # the engine's first event: the prompt was accepted,
+                ran = True  # so the earlier run goes: no panel this run has not drawn yet passes for its result
+                update = {**_cleared(), **update}
             if update:
                 yield update
     except SpecvizError as e:
@@ -236,6 +252,7 @@ def replay(file, request: gr.Request = None):
         yield _error(f"cannot replay this file: {e}", ran=False)
         return
     try:
+        yield {**_cleared(), C["status"]: "► replaying a saved run…"}
         for frame in replay_frames(spec, vanilla, meta.get("saved", "undated")):
             yield _updates(frame)
     except (ValueError, TypeError, AttributeError, KeyError, IndexError) as e:

@@ -106,12 +106,15 @@ def test_typed_slider_values_are_clamped_not_refused():
 
 
 def test_a_seed_a_browser_holds_exactly_is_taken():
-    """Up to 2^53 a typed seed is the seed that runs (a double holds it exactly); int seeds (the CLI,
-    the API, gradio's client) are never second-guessed."""
+    """Up to 2^53 a typed seed is the seed that runs (a double holds it exactly). Above, gradio 6 hands
+    the browser's rounded double over as an int (18446744073709551615 typed arrived as
+    18446744073709552000 and was refused as out of range, naming a number nobody typed): refused by
+    its size whatever its type, with the way to use it."""
     assert app_module.typed_seed(float(2 ** 53)) == 2 ** 53 and app_module.typed_seed(None) == 0
-    assert app_module.typed_seed(2 ** 64 - 1) == 2 ** 64 - 1
-    with pytest.raises(app_module.SpecvizError, match="API or CLI"):
-        app_module.typed_seed(float(2 ** 53 + 2))
+    assert app_module.typed_seed(2 ** 53) == 2 ** 53 and app_module.typed_seed(7) == 7
+    for seed in (float(2 ** 53 + 2), 2 ** 53 + 2, 18446744073709552000, 2 ** 64 - 1):
+        with pytest.raises(app_module.SpecvizError, match="cannot be typed exactly.*/v1 API or the CLI"):
+            app_module.typed_seed(seed)
 
 
 def test_typed_whole_numbers_reach_the_handlers_as_typed():
@@ -292,6 +295,7 @@ def test_replayed_html_is_inert(tiny_app, uploads):
     ({"gamma": 0}, "gamma"), ({"temperature": -1}, "temperature"), ({"temperature": 1e-39}, "temperature"),
     ({"prompt": "  "}, "empty"), ({"top_k": 1.5}, "top-k"), ({"seed": 1.5}, "seed"), ({"seed": -1}, "seed"), ({"max_new": None}, "max new tokens"),
     ({"seed": float(2 ** 64 - 1)}, "cannot be typed exactly in a browser"),
+    ({"seed": 18446744073709552000}, "cannot be typed exactly in a browser"),
     ({"pair": "tiny-mismatch"}, "tokenizers"), ({"target": "hub-only"}, "could not load"),
 ])
 def test_bad_input_is_a_message_not_a_crash(tiny_app, kw, needle):
@@ -319,6 +323,7 @@ def test_a_prompt_longer_than_the_context_leaves_the_earlier_run_marked(tiny_app
     status = plain(final["status"])
     assert final["status"].startswith("**Error:**") and "context" in status, status
     assert "anything shown below is from an earlier run" in status and "runs" not in final
+    assert "tokens" not in final and "summary" not in final  # the earlier run's page is kept whole: nothing lost
 
 
 def test_an_error_after_the_run_began_does_not_call_its_tokens_earlier(tiny_app, monkeypatch):
@@ -367,6 +372,28 @@ def test_stop_while_loading_runs_nothing(tiny_app):
     final = final_of(gen)
     assert final["status"] == tiny_app.STOPPED_EARLY, final["status"]
     assert "sv-it" not in final.get("tokens", "")  # no iteration was decoded
+
+
+def test_a_second_run_or_a_replay_first_clears_what_the_last_run_drew(tiny_app, uploads):
+    """While a second run streamed, the page kept the first run's summary, time split, inspector
+    (with the first run's slider range over the new run's iterations) and file, as if they were the
+    new run's: nothing draws those before a run ends."""
+    first = final_of(tiny_app.run_decoding(*args(max_new=8)))
+    assert first["summary"] and first["export"] and first["fig_split"] is not None
+    for gen in (tiny_app.run_decoding(*args(prompt="xyz xyz", max_new=8)),
+                tiny_app.replay(_upload(uploads, open(first["export"]).read()))):
+        seen = {}
+        for update in gen:
+            seen.update(named(update))
+            if "summary" in seen:
+                break
+        assert seen["summary"] == "" and seen["export"] is None and seen["fig_split"] is None
+        assert seen["runs"] is None or seen["runs"]["spec"] is not first["runs"]["spec"]
+        assert all(seen[f"fig_{n}"] is not first[f"fig_{n}"] for n in tiny_app.CHART_NAMES)
+        assert seen["iteration"]["interactive"] is False and "sv-it" not in seen["tokens"]
+        assert "No iteration yet" in seen["inspect_html"]
+        final = final_of(gen)
+        assert final["summary"] and final["fig_split"] is not None  # (a replay offers no file: the visitor has it)
 
 
 def test_exports_stay_bounded(tiny_app):
