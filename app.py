@@ -482,6 +482,7 @@ def launch_kwargs() -> dict:
     from specviz.api import routes  # the OpenAI-compatible API (/v1/...), on this same server
 
     return {"theme": gr.themes.Soft(), "css_paths": [str(ASSETS / "specviz.css")], "footer_links": ["gradio"],
+            "js": (ASSETS / "specviz.js").read_text(encoding="utf-8"),  # the token view follows a live run
             "app_kwargs": {"routes": routes(lambda: REGISTRY, RUNNER, DEVICE, DTYPE)}}
 
 

@@ -542,6 +542,46 @@ def test_browser_run_output_hide_drafts_and_stop(real_pipeline_factory, tmp_path
         demo.close()
 
 
+@needs_chromium
+def test_the_token_view_follows_a_live_run_unless_the_reader_scrolled_up():
+    """Each frame redraws the token view, which put it back at its top: the newest tokens grew out of
+    sight below the box. The page's script (assets/specviz.js) keeps it at the end, keeps the place
+    of a reader who scrolled up, and follows again when a new run starts."""
+    from playwright.sync_api import sync_playwright
+
+    script = (Path(app_module.__file__).resolve().parent / "assets" / "specviz.js").read_text()
+    css = (Path(app_module.__file__).resolve().parent / "assets" / "specviz.css").read_text()
+
+    def view(n):  # what a frame puts on the page: the whole view, redrawn
+        return '<div class="sv-tokens">' + "".join(f'<span class="sv-it">token {i}<br></span>' for i in range(n))
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 800, "height": 900})
+        page.set_content(f"<style>{css}</style><div id='sv-tokens'></div>")
+        page.evaluate(f"({script})()")
+        state = "() => {const e = document.querySelector('#sv-tokens .sv-tokens'); return [e.scrollTop, e.scrollHeight - e.clientHeight];}"
+
+        def frame(n):
+            page.evaluate("h => { document.getElementById('sv-tokens').innerHTML = h; }", view(n))
+            page.wait_for_timeout(120)  # the observer settles on the next animation frame
+            return page.evaluate(state)
+
+        top, end = frame(60)
+        assert end > 200 and abs(top - end) <= 1  # at the newest tokens
+        top, end = frame(80)
+        assert end > 300 and abs(top - end) <= 1
+        page.evaluate("() => { document.querySelector('#sv-tokens .sv-tokens').scrollTop = 40; }")
+        page.wait_for_timeout(120)
+        for n in (90, 100):
+            top, end = frame(n)
+            assert abs(top - 40) <= 1, (top, end)  # the reader's place is kept through redraws
+        top, end = frame(5)  # a new run
+        top, end = frame(70)
+        assert abs(top - end) <= 1
+        browser.close()
+
+
 def test_preload_measures_the_cost_profile_in_the_decode_queue(monkeypatch):
     """The start-up preload loads in the background but warms up (measures the cost profile)
     as a job of the decode queue: on the thread that serves decode, never beside a Run."""

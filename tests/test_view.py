@@ -227,3 +227,42 @@ def test_lab_markers_at_one_spot_nest_and_panel_a_names_both_of_its_quantities()
     assert "v" in wn["layout"]["yaxis"]["title"]["text"]
     wn_sizes = [t["marker"]["size"] for t in wn["data"] if t.get("mode") == "markers"]
     assert wn_sizes == sorted(wn_sizes, reverse=True) and len(set(wn_sizes)) == 3
+
+
+def test_a_short_or_lone_run_summary_claims_nothing_it_did_not_measure(target_model, draft_model, tok):
+    """Stopped after one iteration that proposed, the summary said "The drafter proposed in only 1 of
+    1 iterations" and gave vanilla decoding, which never ran, 1 token per iteration; with gamma 1 its
+    cost line listed "1, 2, 3…" tokens per pass for a profile of two."""
+    from specviz.trace import Trace
+
+    pipe = FakePipe(target_model, draft_model, tok)
+    spec = Trace.of(pipe.speculative(pipe.encode("abc abc"), DecodeConfig(gamma=3, max_new_tokens=12)))
+    assert spec.iterations[0].proposed
+    spec.iterations = spec.iterations[:1]
+    out = text.summary_markdown(spec, None, stopped=True)
+    assert "proposed in only" not in out and text.guidance(spec) == ""
+    row = next(line for line in out.splitlines() if line.startswith("| tokens per iteration"))
+    assert row.rstrip(" |").endswith("-"), row
+    spec.start.costs = {"source": "pinned", "v": [1.0, 1.0]}
+    assert "for passes of 1 to 2 tokens" in text.summary_markdown(spec, None) and "3…" not in text.summary_markdown(spec, None)
+    # a long run that proposed rarely still gets its tip
+    quiet = Trace.of(pipe.speculative(pipe.encode("abc abc"), DecodeConfig(gamma=3, max_new_tokens=12)))
+    for e in quiet.iterations:
+        e.proposed = []
+    quiet.iterations = (quiet.iterations * 8)[:8]
+    assert "proposed in only 0 of 8" in text.guidance(quiet)
+
+
+def test_count_axes_tick_whole_numbers_and_titles_fit_a_phone(target_model, draft_model, tok):
+    """At gamma 1 the accepted-length and position charts ticked -0.5, 0.5, 1.5; the time split's and
+    the throughput chart's titles were cut at 390 px (their explanations now sit in legend and axis)."""
+    from specviz.view import charts
+
+    state = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc", DecodeConfig(gamma=1, max_new_tokens=12)))[-1]
+    for fig in (charts.accepted_length_figure(state.spec), charts.position_figure(state.spec)):
+        x = fig.to_dict()["layout"]["xaxis"]
+        assert x.get("dtick") == 1 and x.get("tickmode") == "linear", x
+    for fig in charts.all_figures(state.spec, state.vanilla):
+        assert len(fig.to_dict()["layout"]["title"]["text"]) <= 34, fig.layout.title.text
+    split = charts.time_split_figure(state.spec, state.vanilla).to_dict()
+    assert any("target passes" in t["name"] for t in split["data"])

@@ -30,6 +30,13 @@ def layout(fig: go.Figure, title: str, x: str, y: str, height: int = 260) -> go.
     return fig
 
 
+def whole_ticks(fig: go.Figure, n: int) -> None:
+    """A count axis of few values ticks at whole numbers: left alone, plotly ticked one or two bars at
+    -0.5, 0, 0.5, 1, 1.5 (gamma 1)."""
+    if n <= 12:
+        fig.update_xaxes(tickmode="linear", tick0=0, dtick=1)
+
+
 def acceptance_figure(trace: Trace) -> go.Figure:
     xs, ys, running = trace.acceptance_series()
     fig = go.Figure()
@@ -48,6 +55,7 @@ def accepted_length_figure(trace: Trace) -> go.Figure:
     a = trace.alpha
     fig.add_scatter(x=ks, y=expected, mode="lines+markers", name=f"theory (α = {a:.2f})" if a is not None else "theory",
                     line={"color": COLORS["theory"], "dash": "dot"})
+    whole_ticks(fig, len(ks))
     return layout(fig, "Accepted length per iteration", "draft tokens kept (k)", "iterations")
 
 
@@ -59,6 +67,9 @@ def position_figure(trace: Trace) -> go.Figure:
                 constraintext="none", cliponaxis=False,  # plotly shrinks a label it thinks has no room
                 name="kept / examined")
     fig.update_yaxes(range=[0, 1.2])
+    # room beside the first and last bars for their labels ("13/28" is wider than a bar of nine)
+    fig.update_xaxes(range=[0.2, len(rows) + 0.8])
+    whole_ticks(fig, len(rows))
     return layout(fig, "Acceptance by draft position", "position in the proposal", "kept / examined")
 
 
@@ -71,7 +82,7 @@ def throughput_figure(spec: Trace, vanilla: Trace | None) -> go.Figure:
         ys = [0, 0] + [e.tokens_total for e in tr.iterations]
         fig.add_scatter(x=[x / 1000 for x in xs], y=ys, mode="lines", name=f"{name} ({tr.tokens_per_second:.1f} tok/s)",
                         line={"color": color, "width": 2, "shape": "hv"})
-    title = "Tokens over wall time"
+    title = "Tokens over time"
     if vanilla is not None and vanilla.summary and spec.summary and vanilla.tokens_per_second > 0:
         title += f": speedup {spec.tokens_per_second / vanilla.tokens_per_second:.2f}x"
     return layout(fig, title, "seconds", "tokens generated")
@@ -80,11 +91,12 @@ def throughput_figure(spec: Trace, vanilla: Trace | None) -> go.Figure:
 def time_split_figure(spec: Trace, vanilla: Trace | None) -> go.Figure:
     fig = go.Figure()
     runs = [("speculative", spec)] + ([("vanilla", vanilla)] if vanilla is not None and vanilla.start else [])
+    names = {"verify": "verify (target passes)"}  # said in the legend: a title that long was cut on a phone
     for part in ("prefill", "draft", "verify", "other"):
-        fig.add_bar(y=[n for n, _ in runs], x=[tr.time_split()[part] / 1000 for _, tr in runs], name=part,
-                    orientation="h", marker_color=COLORS[part])
+        fig.add_bar(y=[n for n, _ in runs], x=[tr.time_split()[part] / 1000 for _, tr in runs],
+                    name=names.get(part, part), orientation="h", marker_color=COLORS[part])
     fig.update_layout(barmode="stack")
-    return layout(fig, "Where the time went (verify = target passes)", "seconds", "", height=200)
+    return layout(fig, "Where the time went", "seconds", "", height=200)
 
 
 def inspector_figure(e: IterationEvent | None) -> go.Figure:

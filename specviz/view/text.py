@@ -95,7 +95,9 @@ def guidance(spec: Trace) -> str:
         return ("The model ended its answer at once." + ("" if chat else " The chat template is off: an "
                 "instruction-tuned model given a bare question often has nothing to continue; turn it on."))
     proposing = sum(1 for e in spec.iterations if e.proposed)
-    if proposing >= max(2, len(spec.iterations) // 4):
+    # a few iterations say nothing of how often a drafter proposes (a run stopped after one iteration
+    # that proposed was told "proposed in only 1 of 1")
+    if len(spec.iterations) < 4 or proposing >= max(1, len(spec.iterations) // 4):
         return ""
     kind = str(spec.start.drafter.get("kind", ""))
     if kind == "prompt_lookup":
@@ -129,7 +131,7 @@ def summary_markdown(spec: Trace, vanilla: Trace | None, exact: Exactness | None
               f"| tokens / s | {spec.tokens_per_second:.1f} | {f'{van.tokens_per_second:.1f}' if van else '-'} |",
               f"| acceptance: kept / proposed | {rate(spec.acceptance_rate)} | |",
               f"| per-position acceptance α: kept / examined | {rate(spec.alpha)} | |",
-              f"| tokens per iteration | {spec.tokens / max(1, len(spec.iterations)):.2f} | 1 |"]
+              f"| tokens per iteration | {spec.tokens / max(1, len(spec.iterations)):.2f} | {1 if van else '-'} |"]
     if van and van.summary and spec.summary:
         cmp = compare_speed(spec, van)
         lines.append(f"| **speedup** (measured, prefill included) | **{cmp.speedup:.2f}x** | 1x |")
@@ -142,7 +144,7 @@ def summary_markdown(spec: Trace, vanilla: Trace | None, exact: Exactness | None
         lines += ["", f"The drafter plans with a cost profile ({md(s.costs.get('source'))}), not with this run's "
                       "timings (so that its choices do not move with the machine's load): v = "
                   + ", ".join(f"{float(x):.2f}" for x in v[:9] if isinstance(x, (int, float)))
-                  + ("…" if len(v) > 9 else "") + " for 1, 2, 3… tokens per pass. Pin it (`--costs`, or "
+                  + ("…" if len(v) > 9 else "") + f" for passes of 1 to {len(v)} tokens. Pin it (`--costs`, or "
                   "*reference costs* in the page) and the same seed gives the same output on any machine."]
     if spec.summary is not None:
         lines += ["", f"Timings are the decoders' own: the {spec.summary.consumer_ms / 1000:.2f} s this page spent "
