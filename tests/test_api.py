@@ -177,7 +177,9 @@ def _err(client, **kw):
     ({"max_tokens": 10 ** 6}, 400, "max_tokens", "at most 1024"),
     ({"n": 2}, 400, "n", "not supported"),
     ({"n": True}, 400, "n", "not supported"),  # JSON's true is no count, though True == 1 in Python
-    ({"logprobs": True}, 400, "logprobs", "not supported"),
+    ({"logprobs": True}, 400, "logprobs", "logprobs: true is not supported"),  # JSON's words, not Python's
+    ({"max_tokens": True}, 400, "max_tokens", "got true"),
+    ({"top_k": "3"}, 400, "top_k", 'got "3"'),
     ({"frobnicate": 1}, 400, "frobnicate", "unrecognized"),
     ({"model": "hub-only"}, 503, "model", "cannot be loaded"),
 ])

@@ -266,3 +266,28 @@ def test_count_axes_tick_whole_numbers_and_titles_fit_a_phone(target_model, draf
         assert len(fig.to_dict()["layout"]["title"]["text"]) <= 34, fig.layout.title.text
     split = charts.time_split_figure(state.spec, state.vanilla).to_dict()
     assert any("target passes" in t["name"] for t in split["data"])
+
+
+def test_the_inspector_says_when_the_runs_end_capped_gamma_and_whose_top_tokens_it_lists(target_model, draft_model, tok):
+    """With gamma 16 and 8 new tokens the inspector said "γ max 7" with no word of why; and under a
+    resampled token it listed the residual's top tokens as "its top tokens", beside a p(x) column
+    that is the target's p."""
+    from specviz.sampling import SamplingConfig
+    from specviz.view.frames import inspector_frame
+
+    state = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc",
+                          DecodeConfig(gamma=16, max_new_tokens=8, sampling=SamplingConfig(temperature=0.9), seed=1)))[-1]
+    first, _ = inspector_frame(state.spec, 0)
+    assert "γ max 7, not 16: only 8 more tokens to generate" in first
+    e = state.spec.iterations[0]
+    assert e.gamma == 7 and len(e.emitted) <= 8
+    html_ = tokens.inspector_html(e)
+    assert ("that distribution's top tokens" in html_) == (e.correction.kind == "resample")
+    kinds = {ev.correction.kind for ev in state.spec.iterations}
+    for ev in state.spec.iterations:
+        text_ = tokens.inspector_html(ev, 16)
+        if ev.correction.kind == "resample":
+            assert "p minus q, renormalised" in text_
+        else:
+            assert "p's top tokens" in text_
+    assert "resample" in kinds and kinds - {"resample"}  # both wordings were read

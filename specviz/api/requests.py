@@ -8,6 +8,8 @@ non-default value of something specviz does not do is refused, never silently ig
 
 from __future__ import annotations
 
+import json
+
 import math
 import os
 from dataclasses import dataclass, field
@@ -129,7 +131,11 @@ def _num(value, param: str, lo: float, hi: float, lo_open: bool = False) -> floa
 
 
 def _show(value) -> str:
-    text = repr(value)
+    """A request's value as the client wrote it: JSON (true, null, "text"), not Python (True, None, 'text')."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -241,7 +247,7 @@ def parse(body, kind: str, limits: Limits) -> GenRequest:
             continue
         if name in _DEFAULT_ONLY:
             if not _DEFAULT_ONLY[name](body[name]):
-                raise bad(f"{name}={_show(body[name])} is not supported by specviz (only its default)", name)
+                raise bad(f"{name}: {_show(body[name])} is not supported by specviz (only its default)", name)
             continue
         if name == "max_completion_tokens" or name == "messages" or name == "prompt":
             endpoint = "/v1/chat/completions" if name != "prompt" else "/v1/completions"

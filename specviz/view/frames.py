@@ -98,7 +98,7 @@ def inspector_frame(spec: Trace | None, index) -> tuple[str, Any]:
         return tokens.inspector_html(None), charts.inspector_figure(None)
     i = max(0, min(int(index or 0), len(spec.iterations) - 1))
     e = spec.iterations[i]
-    return tokens.inspector_html(e), charts.inspector_figure(e)
+    return tokens.inspector_html(e, spec.start.gamma if spec.start is not None else None), charts.inspector_figure(e)
 
 
 def result_of(spec: Trace, vanilla: Trace | None, exact: Exactness | None, stopped: bool) -> dict:

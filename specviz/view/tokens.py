@@ -114,7 +114,8 @@ def tokens_html(iterations: list[IterationEvent], rendered: list[str] | None = N
     return TOKENS_OPEN + "".join(rendered if rendered is not None else (iteration_html(e) for e in iterations))
 
 
-def inspector_html(e: IterationEvent | None) -> str:
+def inspector_html(e: IterationEvent | None, gamma: int | None = None) -> str:
+    """One iteration in detail; ``gamma``: the run's γ, to say when this iteration's was capped lower."""
     if e is None:
         return '<div class="sv-inspect">No iteration yet: press Run, or load a saved run.</div>'
     rows = []
@@ -141,10 +142,15 @@ def inspector_html(e: IterationEvent | None) -> str:
     table = ("<div class='sv-scroll'><table class='sv-table'><tr><th>#</th><th>token</th><th>q(x)</th><th>p(x)</th>"
              "<th>min(1, p/q)</th><th>draw u</th><th>decision</th><th>softmax T=1 p / q</th></tr>"
              + "".join(rows) + "</table></div>")  # scrolls sideways where the page is narrower
+    cap = f"γ max {e.gamma}"
+    if gamma is not None and e.gamma < gamma:  # the run's end was near: the target adds a token of its own
+        cap += f", not {gamma}: only {e.gamma + 1} more token{'s' if e.gamma else ''} to generate"
     head = (f"<div class='sv-inspect'><b>Iteration {e.index}</b> &middot; {_attr(e.drafter)} proposed "
-            f"{len(e.proposed)} (γ max {e.gamma}: {_attr(e.reason)}) &middot; kept {e.accepted} &middot; "
+            f"{len(e.proposed)} ({cap}; {_attr(e.reason)}) &middot; kept {e.accepted} &middot; "
             f"emitted {len(e.emitted)} &middot; draft {e.draft_ms:.1f} ms, verify {e.verify_ms:.1f} ms")
     if not known and e.proposed:
         table += "<p>p and q: not reported by this backend (a serving engine keeps them to itself).</p>"
-    return (head + table + f"<p>The {kind} token was drawn from {src}; its top tokens:</p><ol class='sv-top'>"
+    whose = ("that distribution's top tokens (the table's p(x) is the target's p; this one is p minus q, "
+             "renormalised)" if c.kind == "resample" else "p's top tokens")
+    return (head + table + f"<p>The {kind} token was drawn from {src}; {whose}:</p><ol class='sv-top'>"
             + top + "</ol></div>")
