@@ -270,8 +270,8 @@ def test_count_axes_tick_whole_numbers_and_titles_fit_a_phone(target_model, draf
 
 def test_the_inspector_says_when_the_runs_end_capped_gamma_and_whose_top_tokens_it_lists(target_model, draft_model, tok):
     """With gamma 16 and 8 new tokens the inspector said "γ max 7" with no word of why; and under a
-    resampled token it listed the residual's top tokens as "its top tokens", beside a p(x) column
-    that is the target's p."""
+    resampled token it listed the residual's top tokens as "its top tokens", below a p(x) column whose
+    other rows are the target's p (a reader took the + row's residual probability for p)."""
     from specviz.sampling import SamplingConfig
     from specviz.view.frames import inspector_frame
 
@@ -287,7 +287,8 @@ def test_the_inspector_says_when_the_runs_end_capped_gamma_and_whose_top_tokens_
     for ev in state.spec.iterations:
         text_ = tokens.inspector_html(ev, 16)
         if ev.correction.kind == "resample":
-            assert "p minus q, renormalised" in text_
+            assert "p minus q, renormalised, not the target's p" in text_
+            assert f"<td>{tokens._fmt(ev.correction.p)}</td><td>-</td><td>-</td><td>resampled" in text_
         else:
             assert "p's top tokens" in text_
     assert "resample" in kinds and kinds - {"resample"}  # both wordings were read

@@ -55,7 +55,7 @@ class ModelDrafter(Drafter):
                 q_rows.append(q)
                 q_raw.append(float(logits.softmax(-1)[x]))
                 pending = [x]
-        return Proposal(tokens, torch.stack(q_rows), q_raw, f"{max_tokens} draft steps", t.ms)
+        return Proposal(tokens, torch.stack(q_rows), q_raw, f"{max_tokens} draft step{'' if max_tokens == 1 else 's'}", t.ms)
 
     def commit(self, ids: list[int]) -> None:
         self._sync(ids)

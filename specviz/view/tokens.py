@@ -150,7 +150,7 @@ def inspector_html(e: IterationEvent | None, gamma: int | None = None) -> str:
             f"emitted {len(e.emitted)} &middot; draft {e.draft_ms:.1f} ms, verify {e.verify_ms:.1f} ms")
     if not known and e.proposed:
         table += "<p>p and q: not reported by this backend (a serving engine keeps them to itself).</p>"
-    whose = ("that distribution's top tokens (the table's p(x) is the target's p; this one is p minus q, "
-             "renormalised)" if c.kind == "resample" else "p's top tokens")
+    whose = ("that distribution's top tokens (the + row's p(x) is from it too: p minus q, renormalised, not "
+             "the target's p)" if c.kind == "resample" else "p's top tokens")
     return (head + table + f"<p>The {kind} token was drawn from {src}; {whose}:</p><ol class='sv-top'>"
             + top + "</ol></div>")
