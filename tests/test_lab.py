@@ -427,3 +427,28 @@ def test_same_outputs_never_calls_an_untested_sample_a_failure():
     broken = [Check("correct", "lookup", 200, 0.1, 1.0, 3, 0.5, {}), Check("raw_q", "lookup", 200, 0.9, 0.0, 0, nan, {})]
     text = takeaway(SameOutputsResult("p", "x", broken=broken, break_drafter="lookup"))
     assert "catches 0 of 1" in text and "misses raw_q" in text
+
+
+def test_the_cost_map_names_the_pairs_own_drafter_as_it_runs():
+    """The default pair's drafter (the draft head beside lookup and the datastore) was put on the map as
+    "lookup + datastore", since it has a datastore too, and the takeaway named that the winner; a
+    self-draft pair's own drafter was not measured at all."""
+    from types import SimpleNamespace
+
+    from specviz.lab.cost_map import _drafter_specs
+
+    def pipe(store=None, name="x", **describe):
+        drafter = SimpleNamespace(describe=lambda: describe, datastore=store, name=name)
+        return SimpleNamespace(drafter=drafter, gamma=10)
+
+    def own(p):
+        return [label for label, spec, _ in _drafter_specs(p, [2]) if spec is None]
+
+    assert own(pipe(object(), kind="head", lookup=True)) == ["draft head + lookup + datastore"]
+    assert own(pipe(None, kind="head", lookup=False)) == ["draft head"]
+    assert own(pipe(object(), kind="prompt_lookup")) == ["lookup + datastore"]
+    assert own(pipe(None, kind="prompt_lookup")) == []  # the plain lookup marker measures it
+    assert own(pipe(object(), kind="recycling", lookup=True)) == ["recycling + lookup + datastore"]
+    assert own(pipe(None, kind="self_quantized", precision="int8")) == ["self-draft (int8)"]
+    assert own(pipe(None, "draft tiny-draft", kind="model")) == ["draft tiny-draft"]
+    assert own(pipe(None, kind="early_exit", layers=2)) == []  # the swept depths measure it

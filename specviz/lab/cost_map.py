@@ -38,14 +38,32 @@ class CostMapResult:
         return jsonable(self)
 
 
+def own_label(pipe: Pipeline) -> str | None:
+    """A short name for the pair's own drafter on the map, or None where another marker measures it
+    already (plain lookup; early exit, whose depths are swept). The head's pair was labelled "lookup +
+    datastore" (its drafter has a datastore too), and the map named that the winner."""
+    d = pipe.drafter.describe()
+    k = d.get("kind")
+    store = " + datastore" if getattr(pipe.drafter, "datastore", None) is not None else ""
+    lookup = f" + lookup{store}" if d.get("lookup", True) else ""
+    if k == "prompt_lookup":
+        return f"lookup{store}" if store else None
+    if k == "early_exit":
+        return None
+    if k == "head":
+        return f"draft head{lookup}"
+    if k == "recycling":
+        return f"recycling{lookup}"
+    if k == "self_quantized":
+        return f"self-draft ({d.get('precision')})"
+    return pipe.drafter.name
+
+
 def _drafter_specs(pipe: Pipeline, depths: list[int]) -> list[tuple[str, dict, int]]:
     specs = [("lookup", {"kind": "prompt_lookup", "max_ngram": 4}, 10)]
-    store = getattr(pipe.drafter, "datastore", None)
-    own = pipe.drafter.describe()
-    if store is not None:
-        specs.append(("lookup + datastore", None, pipe.gamma))  # the pair's own drafter
-    elif own.get("kind") == "model":
-        specs.append((pipe.drafter.name, None, pipe.gamma))
+    own = own_label(pipe)
+    if own is not None:
+        specs.append((own, None, pipe.gamma))  # the pair's own drafter, as the pair runs it
     specs += [(f"early exit {L}", {"kind": "early_exit", "layers": L}, 3) for L in depths]
     return specs
 
