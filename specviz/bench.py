@@ -50,19 +50,24 @@ def load_prompts(path: str | Path, limit: int | None = None, categories: list[st
         raise SpecvizError(f"prompt file not found: {path}")
     if path.is_dir():
         raise SpecvizError(f"{path} is a folder, not a prompt file (.jsonl)")
-    rows, per_cat = [], {}
+    rows, per_cat, seen = [], {}, set()
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpecvizError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno}); each line must be one "
+                               "object such as {\"category\": \"qa\", \"turns\": [\"the prompt\"]}") from None
+        try:
             turns = row["turns"]
             if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
                 raise TypeError  # a string's first letter, or a number, is no prompt
             prompt = turns[0]
             cat = str(row.get("category", "all"))
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+        except (KeyError, IndexError, TypeError, AttributeError):
             raise SpecvizError(f"{path}:{n}: expected a JSON object with a 'turns' list of strings") from None
+        seen.add(cat)
         if categories and cat not in categories and not ("mt_bench" in categories and cat in MT_BENCH):
             continue
         per_cat[cat] = per_cat.get(cat, 0) + 1
@@ -70,7 +75,10 @@ def load_prompts(path: str | Path, limit: int | None = None, categories: list[st
             continue
         rows.append({"id": row.get("question_id", n), "category": cat, "prompt": prompt})
     if not rows:
-        raise SpecvizError(f"no prompts selected from {path}")
+        unknown = [c for c in categories or [] if c not in seen and not (c == "mt_bench" and seen & set(MT_BENCH))]
+        why = (f": no category {', '.join(map(repr, unknown))} there; its categories are {', '.join(sorted(seen))}"
+               if unknown else f" (--skip {skip} leaves none)" if skip else "")
+        raise SpecvizError(f"no prompts selected from {path}{why}")
     return rows
 
 

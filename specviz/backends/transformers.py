@@ -297,7 +297,7 @@ def _load_source(name: str, src: "Source", dev: torch.device, dt: torch.dtype, q
     if resolved is None and src.kind == "hub" and not hub_reachable():
         raise SpecvizError(f"could not load model {name!r}: it is only on the Hugging Face Hub ({src.ref}), "
                            "which this machine cannot reach (offline); pick a pair or model not tagged "
-                           "\"(needs the Hub)\"")
+                           "\"needs the Hub\" (`python -m specviz pairs` lists them; the page's menus tag them too)")
     if src.kind == "hub" and src.gguf:
         folder, gguf = _hub_gguf(name, src, resolved)
     kwargs = {"gguf_file": gguf} if gguf else {}

@@ -136,6 +136,10 @@ def takeaway(res: ProductionResult) -> str:
     rate = m.get("acceptance rate (accepted / proposed)")
     lines.append(f"Expect vLLM to report mean_acceptance_length ≈ {mal} and draft_acceptance_rate ≈ {rate} on this "
                  "prompt if it proposes what specviz proposed (vLLM's n-gram length is fixed, so it usually proposes more).")
+    # the mapping itself, in the text too (it was only in --json and the page's file)
+    lines.append("Which vLLM metric matches which specviz number (this prompt's value): "
+                 + "; ".join(f"{x['specviz']} = `{x['vllm']}`" + ("" if x["value"] is None else f" ({x['value']})")
+                             for x in res.metrics) + ".")
     if ".gguf" in res.target_source.lower():
         lines.append(f"specviz's target here is a quantised GGUF ({res.target_source}), dequantised; the Hub checkpoint "
                      "in the commands has the original weights, so its outputs and these numbers will differ somewhat. "
