@@ -31,7 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--gamma", type=int)
     p.add_argument("--temperature", type=float, default=0.0, help="runs; the distribution checks use 0.7 when 0")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--max-new-tokens", type=int,
+                   help="new tokens per run (defaults: same_outputs and production 48; gamma_sweep 40, 24 for a "
+                        "drafter with its own q; cost_map 32; when_not (c) 32, while its (b) sweeps 8..128 by design)")
     p.add_argument("--samples", type=int, help="same_outputs: real speculative iterations (default 200)")
     p.add_argument("--break-samples", type=int, help="same_outputs: draws per rule in break-it (default 2000)")
     p.add_argument("--variant", help="same_outputs: the broken rule drawn in the figure")
