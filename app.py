@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -555,6 +556,10 @@ if __name__ == "__main__":
         demo.launch(server_name=server, **launch_kwargs())
     else:
         demo.launch(server_name=server, prevent_thread_lock=True, **launch_kwargs())
+        asked = os.environ.get("GRADIO_SERVER_PORT", "")
+        if asked.isdigit() and demo.server_port != int(asked):  # gradio moves on to a free port without a word
+            print(f"specviz: port {asked} is taken (an earlier app still running?); serving on {demo.server_port} "
+                  "instead", file=sys.stderr, flush=True)
         try:
             RUNNER.serve_forever()  # decode on the main thread, where torch's CPU threads are effective
         except KeyboardInterrupt:

@@ -3,6 +3,7 @@ kernels and on the exact kernels, same weights, alternated (README: Kernels).
 
     SPECVIZ_EXACT=0 python scripts/kernel_probe.py
 """
+import argparse
 import copy
 import statistics as st
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
+                        epilog="Run as SPECVIZ_EXACT=0 python scripts/kernel_probe.py (no options).").parse_args()
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from specviz.registry import load_registry
 from specviz.pipeline import build_pipeline

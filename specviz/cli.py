@@ -145,7 +145,8 @@ def _fmt_iteration(ev) -> str:
     marks = []
     for i, (t, a) in enumerate(zip(ev.proposed_text, ev.accept_prob)):
         state = "ok" if i < ev.accepted else ("NO" if i == ev.accepted else "--")
-        marks.append(f"{t!r}:{state}(min(1,p/q)={a:.2f})")
+        # a token after the refused one was never examined: the rule gave it no ratio to show
+        marks.append(f"{t!r}:{state}" + (f"(min(1,p/q)={a:.2f})" if i <= ev.accepted else "(unchecked)"))
     return (f"#{ev.index:<3} {ev.accepted}/{len(ev.proposed)} kept  " + " ".join(marks) +
             f"  -> {ev.correction.kind} {ev.correction.text!r}  (draft {ev.draft_ms:.0f} ms, verify {ev.verify_ms:.0f} ms)")
 

@@ -280,7 +280,8 @@ class Run:
             sampling=self.cfg.sampling.to_dict(), gamma=self.cfg.gamma if self.drafter else 0,
             max_new_tokens=self.limit, seed=self.cfg.seed, prompt_ids=list(self.ids),
             prompt_text=self.texts.tok.decode(self.ids, skip_special_tokens=False),
-            target=self.info.get("target", {}) or self.target.describe(), draft=self.info.get("draft", {}),
+            target=self.info.get("target", {}) or self.target.describe(),
+            draft=self.info.get("draft", {}) if self.drafter is not None else {},  # vanilla decoding drafts nothing
             prefill_ms=t.ms, costs=self.costs)
 
     def rewind(self) -> None:

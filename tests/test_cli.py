@@ -62,6 +62,9 @@ def test_run_vanilla_matches_speculative_greedy(capsys, tiny_registry):
                            "--prompt", "abc abc", "--max-new-tokens", "25", "--json", *extra)
         assert code == 0
         outs.append(json.loads(out.strip().splitlines()[-1])["output_ids"])
+        start = json.loads(out.splitlines()[0])
+        # a plain run's start named the pair's draft model, which it never ran
+        assert (start["draft"] == {}) == (extra == ["--vanilla"]), (extra, start["draft"])
     assert all(o == outs[0] for o in outs)
 
 
@@ -161,3 +164,17 @@ def test_check_at_greedy_says_why_there_is_no_test(capsys, tiny_registry):
     code, out, _ = cli(capsys, "check", "--models", str(tiny_registry), "--pair", "tiny-draft",
                        "--prompt", "ab ab a", "--samples", "20", "--no-chat", "--top-k", "1", "--temperature", "1")
     assert code == 0 and "one token all its mass" in out and "raise --samples" not in out
+
+
+def test_run_lines_give_no_ratio_to_tokens_the_rule_never_examined():
+    """After a refusal the remaining proposals are discarded unexamined; the run line printed a
+    ratio for them anyway (' friend':--(min(1,p/q)=1.00))."""
+    from types import SimpleNamespace
+
+    from specviz.cli import _fmt_iteration
+
+    ev = SimpleNamespace(index=3, proposed=[1, 2, 3], proposed_text=["a", "b", "c"], accept_prob=[1.0, 0.25, 1.0],
+                         accepted=1, correction=SimpleNamespace(kind="resample", text="x"), draft_ms=1.0, verify_ms=2.0)
+    line = _fmt_iteration(ev)
+    assert "'a':ok(min(1,p/q)=1.00)" in line and "'b':NO(min(1,p/q)=0.25)" in line
+    assert "'c':--(unchecked)" in line and line.count("min(1,p/q)") == 2
