@@ -151,9 +151,18 @@ def _fmt_iteration(ev) -> str:
             f"  -> {ev.correction.kind} {ev.correction.text!r}  (draft {ev.draft_ms:.0f} ms, verify {ev.verify_ms:.0f} ms)")
 
 
+def _settings_first(args) -> None:
+    """Refuse bad settings before loading any model (~20 s on a CPU): a temperature, top-k or empty
+    prompt was refused only after the load. The pair's own gamma is checked once it is known."""
+    if not args.prompt.strip():
+        raise SpecvizError("the prompt is empty: give one with --prompt")
+    _cfg(args, args.gamma if args.gamma is not None else 1)
+
+
 def cmd_run(args) -> int:
     from .events import to_dict
 
+    _settings_first(args)
     pipe = _pipeline(args)
     # validate before any decoding so a bad setting fails fast
     cfg = _cfg(args, args.gamma if args.gamma is not None else pipe.gamma)
@@ -181,8 +190,9 @@ def cmd_check(args) -> int:
 
     if args.samples < 10:
         raise SpecvizError(f"--samples must be at least 10, got {args.samples}")
-    pipe = _pipeline(args)
     args.max_new_tokens = 1
+    _settings_first(args)
+    pipe = _pipeline(args)
     cfg = _cfg(args, args.gamma if args.gamma is not None else pipe.gamma)
     ids = pipe.encode(args.prompt, chat=not args.no_chat)
     res = first_token_check(pipe.target_lm, pipe.drafter, pipe.tokenizer, ids, cfg, args.samples)

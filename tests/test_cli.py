@@ -178,3 +178,20 @@ def test_run_lines_give_no_ratio_to_tokens_the_rule_never_examined():
     line = _fmt_iteration(ev)
     assert "'a':ok(min(1,p/q)=1.00)" in line and "'b':NO(min(1,p/q)=0.25)" in line
     assert "'c':--(unchecked)" in line and line.count("min(1,p/q)") == 2
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--temperature", "-1"], "temperature"), (["--top-k", "-3"], "top-k"), (["--prompt", " "], "empty"),
+    (["--top-p", "0"], "top-p"), (["--max-new-tokens", "0"], "max new tokens"),
+])
+def test_bad_settings_are_refused_before_any_model_loads(capsys, tiny_registry, monkeypatch, extra, needle):
+    """A newcomer's --temperature -1 or empty prompt was refused only after the model loaded (~20 s)."""
+    import specviz.cli as cli_module
+
+    monkeypatch.setattr(cli_module, "_pipeline", lambda args: pytest.fail("loaded a model for a bad setting"))
+    for cmd in ("run", "check"):
+        argv = [cmd, "--models", str(tiny_registry), "--pair", "tiny-draft", "--prompt", "x", *extra]
+        if cmd == "check" and needle == "max new tokens":
+            continue  # check draws one token: it has no --max-new-tokens
+        code, _, err = cli(capsys, *argv)
+        assert code == 2 and needle in err, (cmd, err)
