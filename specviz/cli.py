@@ -164,8 +164,7 @@ def cmd_run(args) -> int:
 
     _settings_first(args)
     pipe = _pipeline(args)
-    # validate before any decoding so a bad setting fails fast
-    cfg = _cfg(args, args.gamma if args.gamma is not None else pipe.gamma)
+    cfg = _cfg(args, args.gamma if args.gamma is not None else pipe.gamma)  # the pair's gamma, known once loaded
     stream = (pipe.vanilla if args.vanilla else pipe.speculative)(args.prompt, cfg, chat=not args.no_chat)
     for ev in stream:
         if args.json:  # the start line records the settings, the kernels and the cost profile (--costs reads it)

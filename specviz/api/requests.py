@@ -9,7 +9,6 @@ non-default value of something specviz does not do is refused, never silently ig
 from __future__ import annotations
 
 import json
-
 import math
 import os
 from dataclasses import dataclass, field

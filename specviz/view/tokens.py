@@ -10,6 +10,7 @@ import html
 import re
 
 from ..events import IterationEvent
+from .text import plural
 
 _SPECIAL = re.compile(r"^<[|｜]?[A-Za-z_/][^<>]*[|｜]?>$")
 
@@ -144,7 +145,7 @@ def inspector_html(e: IterationEvent | None, gamma: int | None = None) -> str:
              + "".join(rows) + "</table></div>")  # scrolls sideways where the page is narrower
     cap = f"γ max {e.gamma}"
     if gamma is not None and e.gamma < gamma:  # the run's end was near: the target adds a token of its own
-        cap += f", not {gamma}: only {e.gamma + 1} more token{'s' if e.gamma else ''} to generate"
+        cap += f", not {gamma}: only {plural(e.gamma + 1, 'more token')} to generate"
     head = (f"<div class='sv-inspect'><b>Iteration {e.index}</b> &middot; {_attr(e.drafter)} proposed "
             f"{len(e.proposed)} ({cap}; {_attr(e.reason)}) &middot; kept {e.accepted} &middot; "
             f"emitted {len(e.emitted)} &middot; draft {e.draft_ms:.1f} ms, verify {e.verify_ms:.1f} ms")
