@@ -11,7 +11,7 @@ one that differs, or none.
 
     python scripts/agree_stats.py --prompts ../shared/prompts/specbench-dev.jsonl --skip 3
 
-The signal is strong (README, Measured: 2026-12-02). Keying the estimates by it alone drafted the
+The signal is strong (docs/MEASUREMENTS.md, 2026-12-02). Keying the estimates by it alone drafted the
 same number of iterations within 0.2%; since 2026-12-03 the head drafter also proposes a prompt/output
 match that starts with the head's token instead of the head's chain, and with that it pays
 (scripts/agreement_stats.py measures the relation where the drafter decides, against its estimates).

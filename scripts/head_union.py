@@ -6,7 +6,7 @@ every iteration, also asks the drafter for the head's chain alone and for lookup
 each would have had kept. Greedy acceptance is "keep while the draft equals the target's answer",
 so the counts are exact for the trajectory taken. Prints tokens an iteration for the choice made,
 each source alone and their union (the longer of the two kept), and the rows a pass would verify.
-The verify pass's cost per extra row is what decides whether a tree pays (README: Measured).
+The verify pass's cost per extra row is what decides whether a tree pays (docs/MEASUREMENTS.md).
 
 It also counts a chain, not a tree: when the head drafted, lookup's best paying match for the context
 with the head's tokens appended (what followed the same n-gram earlier, or in the datastore), as a

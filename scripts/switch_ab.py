@@ -1,4 +1,4 @@
-"""A speed switch off against on, in one process (README: Kernels, Measured).
+"""A speed switch off against on, in one process (README: Kernels; docs/MEASUREMENTS.md).
 
 Loads the pair twice, once with the switch's environment variable at 0 and once at 1, then decodes
 each prompt vanilla and speculatively on both, alternating which goes first, for several rounds;
