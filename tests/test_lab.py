@@ -85,6 +85,21 @@ def test_break_it_catches_each_broken_rule(tiny, rule):
     assert fit(broken.draw_counts("correct", P[j], Q[j], Q_raw[j], 2000, 1), exact).p_value > 1e-3
 
 
+def test_the_simplified_loop_keeps_its_own_law_where_p_and_q_barely_overlap():
+    """Where p and q share little mass the simplified loop redrafts ~1 / sum(min(p, q)) times. The
+    draws used to fall back to p after 200 redrafts, so at the very position where this bug shows
+    most the counts matched p and the Lab said the bug "moves p by too little to see"."""
+    p = torch.tensor([0.9998, 0.0001, 0.0001, 0.0])
+    q = torch.tensor([0.0, 0.0001, 0.0, 0.9999])
+    law = broken.law("no_correction", p, q, q)
+    assert torch.allclose(law, torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=law.dtype))
+    assert broken.tv(law, p) > 0.99
+    counts = broken.draw_counts("no_correction", p, q, q, 2000, 0)
+    assert counts == {1: 2000}
+    exact = {int(t): float(p[t]) for t in torch.nonzero(p > 0).flatten()}
+    assert fit(counts, exact).p_value < 1e-3
+
+
 def test_false_alarm_rate_of_the_correct_rule(tiny):
     """The correct rule over 300 seeds at the default 2000 draws: p < 1e-3 at most twice
     (chi-square's nominal false-alarm rate is 0.1%; measured here: see the assert)."""

@@ -62,7 +62,10 @@ def draw_counts(rule: str, p: torch.Tensor, q: torch.Tensor, q_raw: torch.Tensor
             left -= int(kept.sum())
             if left == 0:
                 break
-        out.append(draw(p, left))
+        if left:  # still redrafting: where p and q barely overlap the loop takes ~1 / sum(min(p, q))
+            # drafts; it ends with its own law, norm(min(p, q)), never with p (drawing those from p hid
+            # the bug exactly where it shows most)
+            out.append(draw(law(rule, p, q, q_raw), left))
         first = torch.cat(out)
     else:
         x = torch.full((n,), int(q.argmax())) if rule == "greedy_draft" else draw(q, n)
@@ -95,8 +98,8 @@ def law(rule: str, p: torch.Tensor, q: torch.Tensor, q_raw: torch.Tensor) -> tor
     both = torch.minimum(p, q)
     if rule == "resample_from_p":
         return both + (1 - both.sum()) * p
-    if rule == "no_correction":
-        return both / both.sum() if both.sum() > 0 else p
+    if rule == "no_correction":  # p and q with no token in common: the loop never ends; counted
+        return both / both.sum() if both.sum() > 0 else p  # as p so that the Lab never shows it there
     raise ValueError(f"unknown rule {rule!r}")
 
 

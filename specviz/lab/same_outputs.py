@@ -136,7 +136,10 @@ def _draft_model(pipe: Pipeline) -> tuple[torch.nn.Module, str]:
         return lm.model, pipe.drafter.name
     layers = len((pipe.target.model.get_decoder()).layers)
     depth = max(1, (3 * layers) // 4)
-    return early_exit_view(pipe.target.model, depth), f"early exit @ layer {depth} (the pair's drafter has no q)"
+    # the pair's drafter may have a q (the head's softmax) but no model to read the whole answer in
+    # one pass, or only a one-hot q (lookup): the target's first layers stand in for it, and say so
+    return early_exit_view(pipe.target.model, depth), (f"early exit @ layer {depth}, standing in for the pair's "
+                                                       "drafter (this check reads the answer with a draft model)")
 
 
 def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None) -> Iterator:
@@ -210,7 +213,7 @@ def figure(res: SameOutputsResult) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=(left, right), horizontal_spacing=0.1)
     if res.real is not None:
         _bars(fig, res.real, 1, f"speculative ({res.real.samples} iterations, p = {res.real.p_value:.2f})",
-              COLORS["accepted"], True)
+              COLORS["spec"], True)  # speculative's colour, not the green of a kept token
     if chosen is not None:
         if control is not None and control.position == chosen.position:
             _bars(fig, control, 2, f"correct rule (p = {control.p_value:.2f})", COLORS["spec"], True)
@@ -238,12 +241,14 @@ def takeaway(res: SameOutputsResult) -> str:
                      f"{r.drafter}: TV distance {r.tv:.3f}, {test}: {verdict}.")
     if res.broken:
         caught = [c for c in res.broken if c.rule != "correct" and c.tested and not c.passed]
-        missed = [c.rule for c in res.broken if c.rule != "correct" and (c.passed or not c.tested)]
+        missed = [c.rule + (f" (TV {c.law_tv:.3f} from p at most)" if c.law_tv is not None else "") for c in res.broken
+                  if c.rule != "correct" and (c.passed or not c.tested)]
         ok = next((c for c in res.broken if c.rule == "correct"), None)
         parts = ", ".join(f"{c.rule} p = {c.p_value:.0e}" for c in caught)
         lines.append(f"Break it ({res.broken[0].samples} draws per rule on the real p and q of {res.break_drafter}, "
                      f"each broken rule where it shows most among the first {BREAK_POSITIONS} answer tokens): "
                      f"the correct rule {'passes' if ok and ok.passed else 'FAILS'} (p = {ok.p_value:.2f}); "
                      f"the check catches {len(caught)} of {len(caught) + len(missed)} broken rules ({parts})"
-                     + (f"; it misses {', '.join(missed)}: on this prompt that bug moves p by too little to see" if missed else "") + ".")
+                     + (f"; it misses {', '.join(missed)}: on this prompt's first {BREAK_POSITIONS} positions that "
+                        "bug moves p by too little to see in these draws" if missed else "") + ".")
     return "\n\n".join(lines)
