@@ -367,3 +367,53 @@ def test_a_bfloat16_target_drafts_with_its_head_too(target_model, tok):
     its = [e for e in speculative_decode(target, drafter(Eager, model, tok), tok, encode_prompt(tok, "The cat", True), cfg)
            if e.event == "iteration" and e.proposed]
     assert its and all(0 < q <= 1 for e in its for q in e.q)
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_the_fixed_copy_chains_the_head_as_far_as_asked(gamma, target_model, tok):
+    """The Lab's sweep of fixed γ ran the default pair's drafter with its own length choice: γ 8..16
+    all made the same 18 iterations, and a "γ 16" run proposed 0 to 16 tokens. The fixed copy
+    proposes exactly γ (or what is left), the head alone, still exactly (greedy equals vanilla, and
+    sampled it drafts from the head's q); the original keeps its choice."""
+    d = drafter(Picky, target_model, tok, lookup=True)
+    f = d.fixed()
+    assert f is not d and f.fixed_chain and not f.lookup and not d.fixed_chain and d.lookup
+    assert "fixed length" in f.name and "lookup" not in f.name
+    target = CachedLM(target_model, len(tok))
+    for prompt in PROMPTS[:3]:
+        ids = encode_prompt(tok, prompt, True)
+        cfg = DecodeConfig(gamma=gamma, max_new_tokens=30, costs=COSTS)
+        expected = list(vanilla_decode(target, tok, ids, cfg))[-1].output_ids
+        events = list(speculative_decode(target, f, tok, ids, cfg))
+        assert events[-1].output_ids == expected, prompt
+        its = [e for e in events if e.event == "iteration"]
+        made = 0
+        for e in its:
+            left = cfg.max_new_tokens - made
+            assert len(e.proposed) == min(gamma, left - 1), (e.index, e.reason)
+            assert "fixed length" in e.reason or not e.proposed
+            made += len(e.emitted)
+    sampled = DecodeConfig(gamma=gamma, max_new_tokens=12, sampling=SamplingConfig(0.8, top_k=5), seed=1, costs=COSTS)
+    its = [e for e in speculative_decode(target, f, tok, encode_prompt(tok, "The cat sat", True), sampled)
+           if e.event == "iteration" and e.proposed]
+    assert its and all(0 < q <= 1 for e in its for q in e.q)
+    # the pair's own drafter still chooses: some iteration proposes fewer than gamma with room left
+    own = [e for e in speculative_decode(target, d, tok, encode_prompt(tok, PROMPTS[0], True),
+                                         DecodeConfig(gamma=6, max_new_tokens=30, costs=COSTS))
+           if e.event == "iteration"]
+    assert any(len(e.proposed) < 6 for e in own[:-2])
+
+
+def test_the_fixed_copy_keeps_the_joint_law_of_three_tokens(trained, target_model, tok):
+    """Sampled, the fixed copy's chain (its own code path) drafts from q and the output follows p."""
+    target = CachedLM(target_model, len(tok))
+    ids = encode_prompt(tok, "joint", True)
+    exact = exact_joint(target, tok, ids, JOINT, 3)
+    head = copy.deepcopy(trained[0])
+    with torch.no_grad():
+        head.n2.weight.mul_(1.6)
+    n = 1200
+    counts = sample_joint(target, lambda: drafter(Picky, target_model, tok, True, trained=(head, trained[1])).fixed(),
+                          tok, ids, JOINT, 3, n, seed=6)
+    stat, dof, p = chi_square(counts, exact, n)
+    assert p > ALPHA, (stat, dof)

@@ -123,3 +123,20 @@ def test_base_drafter_ignores_harvest():
             return Proposal([], None)
 
     Plain().harvest([1, 2], torch.zeros(1, 5))  # the optional hook is a no-op by default
+
+
+def test_the_fixed_copy_chains_its_table_alone(target_model, tok):
+    """The Lab's sweep of fixed γ: the recycled chain alone, as far as asked where the table has
+    successors, no lookup and no length choice; greedy output still equals vanilla decoding's."""
+    d = RecyclingDrafter(len(tok), top_k=4, lookup=True)
+    f = d.fixed()
+    assert f is not d and f.fixed_chain and not f.lookup and d.lookup and "fixed length" in f.name
+    target = CachedLM(target_model, len(tok))
+    ids = encode_prompt(tok, "The cat sat on the mat. The cat", True)
+    cfg = DecodeConfig(gamma=4, max_new_tokens=40, costs=(1.0, 1.05, 1.1, 1.15, 1.2))
+    expected = list(vanilla_decode(target, tok, ids, cfg))[-1].output_ids
+    events = list(speculative_decode(target, f, tok, ids, cfg))
+    assert events[-1].output_ids == expected
+    its = [e for e in events if e.event == "iteration" and e.proposed]
+    assert its and all("recycled chain" in e.reason and "fixed length" in e.reason for e in its)
+    assert any(len(e.proposed) == 4 for e in its)

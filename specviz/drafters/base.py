@@ -60,6 +60,12 @@ class Drafter:
     def describe(self) -> dict:
         return {"kind": self.kind, "name": self.name}
 
+    def fixed(self) -> "Drafter":
+        """This drafter proposing as many tokens as it is asked for, where it can (the Lab's sweep of
+        fixed γ). A drafter that chooses no length of its own (a draft model, early exit) is that
+        already and returns itself; one that does returns a copy without the choice."""
+        return self
+
 
 class DrafterKind:
     """One kind of drafter, everything the rest of specviz needs to know about it.

@@ -24,6 +24,7 @@ acceptance rule sees a real q; under greedy it is one-hot. Either way the rule i
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -283,6 +284,7 @@ class HeadDrafter(BandedLookupDrafter):
     """A trained draft head chained on its own predictions, optionally with prompt lookup + datastore."""
 
     kind = "head"
+    fixed_chain = False  # True: the Lab's fixed-γ copy (fixed()), the head chained as far as asked
     # chance a head token is kept, per band of the head's top probability there: the first of a chain,
     # and a later one after a kept one (measured by scripts/train_draft_head.py on held-out answers)
     PRIOR_FIRST = (0.12, 0.3, 0.5, 0.7, 0.87, 0.97)
@@ -397,6 +399,8 @@ class HeadDrafter(BandedLookupDrafter):
         probability and most likely token) and on earlier tokens, never on the token drawn at j.
         Choosing after seeing a sampled token would skew the drafted tokens away from q and the
         output away from p."""
+        if self.fixed_chain:
+            return self._chain(ids, max_tokens, sampling, generator)
         with Timer(torch.device("cpu")) as t:
             h = self.state(ids) if max_tokens > 0 else None
             first = None
@@ -459,6 +463,33 @@ class HeadDrafter(BandedLookupDrafter):
                 self._last = key
                 raw = [1.0] * g
                 reason = what + f": proposing {g} (expects {e:.2f} tokens for {e / val:.2f}x a step)"
+        return Proposal(out, torch.stack(q_rows) if q_rows else None, raw, reason, t.ms)
+
+    def fixed(self) -> "HeadDrafter":
+        """The head alone, chained for as many tokens as asked: no lookup, no stopping rule."""
+        d = copy.copy(self)
+        d.fixed_chain, d.lookup = True, False
+        d.name = self.name.split(" + ")[0] + ", alone, fixed length"
+        d.reset([])
+        return d
+
+    def _chain(self, ids, max_tokens, sampling, generator) -> Proposal:
+        with Timer(torch.device("cpu")) as t:
+            self._last, self._bands, self._rel = None, [], None
+            h = self.state(ids) if max_tokens > 0 else None
+            out: list[int] = []
+            q_rows: list[torch.Tensor] = []
+            raw: list[float] = []
+            for j in range(max_tokens if h is not None else 0):
+                h, soft, q, top = self.step(h, out[-1] if j else ids[-1], sampling)
+                i = int(soft.argmax()) if q is None else int(self.index[sample(q, generator)])
+                out.append(int(self.vocab[i]))
+                raw.append(float(soft[i]))
+                if q is not None:
+                    q_rows.append(q)
+                self._bands.append(band(top))
+            reason = (f"draft head, fixed length: proposing {len(out)}" if out else
+                      "no room left" if max_tokens <= 0 else "no head state: plain step")
         return Proposal(out, torch.stack(q_rows) if q_rows else None, raw, reason, t.ms)
 
     def describe(self) -> dict:

@@ -230,6 +230,12 @@ class PromptLookupDrafter(Drafter):
                     reason = why + f": proposing {g} (expects {e:.2f} tokens for {e / val:.2f}x a step)"
         return Proposal(tokens, None, [1.0] * len(tokens), reason, t.ms)
 
+    def fixed(self) -> "PromptLookupDrafter":
+        if not self.adaptive:
+            return self
+        return PromptLookupDrafter(self.max_ngram, self.min_ngram, adaptive=False, vote=self.vote,
+                                   datastore=self.datastore)
+
     def observe(self, proposed: int, accepted: int) -> None:
         if not proposed or self._last is None:
             return

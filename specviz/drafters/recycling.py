@@ -17,6 +17,8 @@ deterministic), so the acceptance rule is exact as for any drafter.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 
@@ -36,6 +38,7 @@ class RecyclingDrafter(BandedLookupDrafter):
     """Token Recycling's successor table, optionally with prompt lookup + datastore beside it."""
 
     kind = "recycling"
+    fixed_chain = False  # True: the Lab's fixed-γ copy (fixed()), the recycled chain as far as it goes
     # chance a recycled token is kept, per band of its harvested probability: the first of a chain,
     # and a later one after a kept one (measured with scripts/recycling_stats.py on greedy answers
     # to prompts the benchmark leaves out: --skip 3 --per-category 1, 1,200 positions)
@@ -117,11 +120,14 @@ class RecyclingDrafter(BandedLookupDrafter):
             best = None  # (value, g, tokens, bands or None, key, reason)
             if max_tokens > 0:
                 tokens, ps = self.chain(ids, max_tokens)
-                if tokens:
+                if tokens and self.fixed_chain:
+                    best = (1.0, len(tokens), tokens, [band(p) for p in ps], None,
+                            f"recycled chain (first p {ps[0]:.2f}), fixed length", len(tokens))
+                elif tokens:
                     g, val, e = self.chain_value(ps)
                     best = (val, g, tokens[:g], [band(p) for p in ps[:g]], None,
                             f"recycled chain (first p {ps[0]:.2f})", e)
-                if self.lookup:
+                if self.lookup and not self.fixed_chain:
                     for key, toks, what in self.candidates(ids, max_tokens):
                         g, val, e, a1, ac = self.value(key, len(toks))
                         if best is None or val > best[0]:
@@ -139,6 +145,15 @@ class RecyclingDrafter(BandedLookupDrafter):
                 self._last, self._bands = key, bands or []
                 reason = what + f": proposing {g} (expects {e:.2f} tokens for {e / val:.2f}x a step)"
         return Proposal(out, None, [1.0] * len(out), reason, t.ms)
+
+    def fixed(self) -> "RecyclingDrafter":
+        """The recycled chain alone, as far as asked where the table has successors: no lookup, no
+        length choice."""
+        d = copy.copy(self)
+        d.fixed_chain, d.lookup = True, False
+        d.name = self.name.split(" + ")[0] + ", alone, fixed length"
+        d.reset([])
+        return d
 
     def describe(self) -> dict:
         d = super().describe()

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Iterator
 
-from ..drafters import Drafter, PromptLookupDrafter
+from ..drafters import Drafter
 from ..engine import MAX_GAMMA, MAX_SEED, DecodeConfig, _whole, check_prompt
 from ..pipeline import Pipeline
 from ..sampling import SamplingConfig
@@ -109,12 +109,10 @@ def with_drafter(pipe: Pipeline, drafter: Drafter) -> Pipeline:
 
 
 def fixed_length(drafter: Drafter) -> Drafter:
-    """A drafter that proposes as many tokens as asked (where it can): prompt lookup without
-    its cost-aware length choice; model and early-exit drafters already do."""
-    if isinstance(drafter, PromptLookupDrafter) and drafter.adaptive:
-        return PromptLookupDrafter(drafter.max_ngram, drafter.min_ngram, adaptive=False, vote=drafter.vote,
-                                   datastore=drafter.datastore)
-    return drafter
+    """A drafter that proposes as many tokens as asked (where it can): each drafter's ``fixed()``.
+    Prompt lookup drops its cost-aware length choice; the draft head and Token Recycling chain their
+    own drafts alone, with no stopping rule; model and early-exit drafters already do."""
+    return drafter.fixed()
 
 
 # drafters on one chart, told apart by marker symbol and shade (with a legend entry each)

@@ -76,9 +76,10 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     gammas = s.gammas or ([1, 2, 3, 4, 6, 8] if q_drafter else [1, 2, 3, 4, 5, 6, 8, 10, 12, 16])
     n = s.max_new_tokens or (24 if q_drafter else 40)
     R = s.rounds
-    res = SweepResult(pipe.name, pipe.drafter.name, n, repeats=R)
+    sweep = fixed_length(pipe.drafter)  # the pair's drafter without a length choice of its own
+    res = SweepResult(pipe.name, sweep.name, n, repeats=R)
     policy_gamma = s.gamma or pipe.gamma
-    fixed = with_drafter(pipe, fixed_length(pipe.drafter))
+    fixed = with_drafter(pipe, sweep)
     jobs = {"vanilla": (f"vanilla decoding of {n} tokens (the baseline)",
                         partial(pipe.vanilla, ids, greedy_cfg(1, n, s.seed, s.temperature)))}
     jobs.update({g: (f"gamma = {g}", partial(fixed.speculative, ids, greedy_cfg(g, n, s.seed, s.temperature)))
@@ -150,12 +151,16 @@ def takeaway(res: SweepResult) -> str:
     close = res.close_to_best()
     tie = (f", with γ = {', '.join(map(str, sorted(close)))} within {TIE:.0%} of it (closer than the same "
            f"experiment run twice agrees: a tie)" if close else "")
-    lines = [f"Over {res.max_new_tokens} new tokens, tokens per iteration went from {lo.tokens_per_iteration:.2f} "
+    lines = [f"{res.drafter[:1].upper()}{res.drafter[1:]}, proposing γ tokens in every iteration where it can: "
+             f"over {res.max_new_tokens} new tokens, tokens per iteration went from {lo.tokens_per_iteration:.2f} "
              f"at γ = {lo.gamma} to {hi.tokens_per_iteration:.2f} at γ = {hi.gamma} "
              f"({'never falling by more than 0.05' if rises else 'not monotone: acceptance here is not i.i.d.'}); "
              f"the speedup peaked at γ = {best.gamma} ({best.decode_speedup:.2f}x){tie} and was "
              f"{hi.decode_speedup:.2f}x at γ = {hi.gamma}: more drafts cost more verify"
              f"{' and draft' if res.c > 0.05 else ''} time."]
+    if best.decode_speedup < 1.0:
+        lines.append(f"Every γ was slower than vanilla decoding here (the best {best.decode_speedup:.2f}x): on this "
+                     f"hardware this drafter costs more than the target passes it saves.")
     if res.alpha is not None:
         lines.append(f"Theory from the pooled α = {res.alpha:.2f}, c = {res.c:.3f} and this CPU's v(γ) "
                      f"(v({hi.gamma}) = {res.v[min(hi.gamma, len(res.v) - 1)]:.2f}) puts the best γ at {g_theory}.")
