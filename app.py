@@ -104,6 +104,10 @@ def typed_seed(seed):
         raise SpecvizError(f"a seed above 2^53 ({BROWSER_EXACT:,}) cannot be typed exactly in a browser: it arrives "
                            f"rounded (here as {seed:,.0f}), so another seed would run than the box shows; use one up to "
                            "2^53 here, or the /v1 API or the CLI for any 64-bit seed")
+    if isinstance(seed, (int, float)) and not isinstance(seed, bool) and (seed < 0 or seed != int(seed)):
+        # the engine's own message would name its range, 0 to 2^64 - 1, which this box cannot hold
+        raise SpecvizError(f"the seed must be a whole number from 0 to 2^53 ({BROWSER_EXACT:,}) here, got {seed:g} "
+                           "(the /v1 API and the CLI take any 64-bit seed)")
     return seed
 
 
@@ -300,15 +304,17 @@ def build_demo() -> gr.Blocks:
             with gr.Column(scale=2, min_width=320):
                 pair = gr.Dropdown(menus.pair_choices(REGISTRY), value=default_pair, label="Model pair (models.yaml)")
                 pair_md = gr.Markdown(menus.pair_details(REGISTRY, default_pair))
-                prompt = gr.Textbox(value=EXAMPLES[1]["prompt"], lines=5, label="Prompt", elem_id="sv-prompt")
+                # at most 6 lines tall (a longer prompt scrolls inside): Run stays above the fold of a
+                # 1280 x 720 projector, where a 10-line example pushed it below
+                prompt = gr.Textbox(value=EXAMPLES[1]["prompt"], lines=5, max_lines=6, label="Prompt", elem_id="sv-prompt")
+                with gr.Row():
+                    run_btn = gr.Button("Run", variant="primary", elem_id="sv-run")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-stop")
                 gr.Examples([[e["prompt"]] for e in EXAMPLES], inputs=[prompt], cache_examples=False,
                             label="Examples: chat, summary, code, maths, translation",
                             example_labels=[e["kind"] for e in EXAMPLES])
                 with gr.Row():
                     tries = [b for b in (try_case("copy"), try_case("reject")) if b is not None]
-                with gr.Row():
-                    run_btn = gr.Button("Run", variant="primary", elem_id="sv-run")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-stop")
                 with gr.Row():
                     gamma = clamped(gr.Slider(1, 16, value=gamma0, step=1, label="γ (max draft tokens per iteration)"))
                     max_new = clamped(gr.Slider(8, 512, value=96, step=8, label="Max new tokens"))

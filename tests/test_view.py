@@ -5,6 +5,7 @@ import re
 from specviz.backends.transformers import CachedLM
 from specviz.drafters import ModelDrafter
 from specviz.engine import DecodeConfig, encode_prompt
+from specviz.sampling import SamplingConfig
 from specviz.view import text, tokens
 from specviz.view.frames import CHART_NAMES, FrameMaker, live_run, replay_frames
 
@@ -41,6 +42,8 @@ def test_frames_stream_charts_for_both_runs_and_end_whole(target_model, draft_mo
     done = last.updates()
     assert {f"fig_{n}" for n in CHART_NAMES} <= set(done) and done["export"] == "/saved.json"
     assert done["status"].startswith("■ done") and done["result"]["identical"] is True
+    # the verdict a room sees without opening the Summary tab: the speedup and the greedy check
+    assert f"**{done['result']['speedup']:.2f}x** vanilla's speed · identical to vanilla" in done["status"]
     assert done["iteration"]["maximum"] >= 1
 
 
@@ -58,6 +61,21 @@ def test_inspector_opens_on_the_last_iteration_that_verified_a_proposal(target_m
         assert f"<b>Iteration {spec.iterations[want].index}</b>" in frame.inspector[0]
         ended_bare.add(not spec.iterations[-1].proposed)
     assert True in ended_bare  # the case it is about was met
+
+
+def test_a_stop_during_the_comparison_says_the_speculative_run_had_ended(target_model, draft_model, tok):
+    """Stop pressed once the speculative run had ended on its own: the status said "stopped after N
+    tokens" as if it had been cut, and the speedup vanished with no word of why."""
+    maker = FrameMaker()
+    for st in live_run(FakePipe(target_model, draft_model, tok), "abc abc", DecodeConfig(gamma=3, max_new_tokens=16)):
+        maker.add(st)
+        if st.phase == "vanilla" and st.vanilla is not None and st.vanilla.iterations:
+            break
+    frame = maker.stopped()
+    spec = maker.latest.spec
+    assert spec.summary is not None
+    assert frame.status.startswith(f"■ done: {spec.summary.new_tokens} tokens, stop: ")
+    assert "the vanilla comparison was stopped after" in frame.status and "no speedup" in frame.status
 
 
 def test_stopped_frame_summarises_what_ran(target_model, draft_model, tok):
@@ -288,7 +306,54 @@ def test_the_inspector_says_when_the_runs_end_capped_gamma_and_whose_top_tokens_
         text_ = tokens.inspector_html(ev, 16)
         if ev.correction.kind == "resample":
             assert "p minus q, renormalised, not the target's p" in text_
-            assert f"<td>{tokens._fmt(ev.correction.p)}</td><td>-</td><td>-</td><td>resampled" in text_
+            assert f"<td>r(x) = {tokens._fmt(ev.correction.p)}</td><td>-</td><td>-</td><td>resampled" in text_
+            assert "under norm(max(0, p - q)) = " in tokens._correction_title(ev)
         else:
             assert "p's top tokens" in text_
     assert "resample" in kinds and kinds - {"resample"}  # both wordings were read
+
+
+def test_a_greedy_run_is_not_told_as_a_draw(target_model, draft_model, tok):
+    """Greedy runs read like sampled ones: "draw u = 0.970 (>= min(1, p/q))" on every token, where p is
+    one-hot and u decides nothing. They now say the token was (not) the target's top token."""
+    state = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc",
+                          DecodeConfig(gamma=4, max_new_tokens=24)))[-1]
+    its = [e for e in state.spec.iterations if e.proposed]
+    assert its and all(tokens.one_hot(e) for e in its)
+    for e in its:
+        page = tokens.inspector_html(e, 4)
+        assert "Greedy: p is one-hot" in page and "whatever the draw u" in page
+        assert not any(f"<td>{d:.3f}</td>" in page for d in e.draws if d is not None)  # no u column values
+        for i in range(min(e.accepted + 1, len(e.proposed))):
+            title = tokens._token_title(e, i, "x")
+            assert "draw u" not in title
+            assert ("greedy: kept" if i < e.accepted else "greedy: refused") in title
+        assert "greedy: the target's top token" in tokens._correction_title(e)
+    sampled = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc",
+                            DecodeConfig(gamma=4, max_new_tokens=24, sampling=SamplingConfig(temperature=0.9), seed=1)))[-1]
+    e = next(e for e in sampled.spec.iterations if e.proposed)
+    assert not tokens.one_hot(e) and "draw u = " in tokens._token_title(e, 0, "x")
+    assert "Greedy" not in tokens.inspector_html(e, 4)
+
+
+def test_sampled_outputs_that_part_are_not_marked_as_a_fault(target_model, draft_model, tok):
+    """A sampled run and its vanilla comparison draw their own tokens: they part, by design. The page
+    marked the first such token in the red of a refusal and said only "The outputs part at new token 1"."""
+    last = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc",
+                         DecodeConfig(gamma=3, max_new_tokens=20, sampling=SamplingConfig(temperature=1.0), seed=4)))[-1]
+    assert last.spec.output_ids != last.vanilla.output_ids  # the case it is about
+    html_ = text.output_html(last.spec, last.vanilla)
+    assert "Sampled: each run draws its own tokens" in html_ and 'class="sv-diverge sv-sampled"' in html_
+    assert "The outputs part at new token" not in html_
+
+
+def test_a_summary_of_runs_of_unequal_length_points_to_the_decode_speedup(target_model, draft_model, tok):
+    import copy
+
+    last = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc", DecodeConfig(gamma=3, max_new_tokens=20)))[-1]
+    assert "The two runs wrote" not in text.summary_markdown(last.spec, last.vanilla)
+    short = copy.copy(last.vanilla)
+    short.iterations = last.vanilla.iterations[:5]  # a sampled vanilla run that ended early
+    assert short.tokens < 0.75 * last.spec.tokens
+    md_ = text.summary_markdown(last.spec, short)
+    assert f"The two runs wrote {last.spec.tokens} and {short.tokens} tokens" in md_ and "decode speedup" in md_

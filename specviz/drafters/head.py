@@ -452,7 +452,7 @@ class HeadDrafter(BandedLookupDrafter):
                     alive, e = k, e + k
                 said = {"agree": ", lookup agrees", "differ_context": ", lookup differs",
                         "differ_store": ", the datastore differs"}.get(rel or "", "")
-                reason = (f"draft head (top p {raw[0]:.2f}{said}): proposing {len(out)} "
+                reason = (f"draft head (its first token at probability {raw[0]:.2f}{said}): proposing {len(out)} "
                           f"(expects {e:.2f} tokens for {self.cost(len(out)):.2f}x a step)")
             elif best is None:
                 reason = "no head state or match: plain step"

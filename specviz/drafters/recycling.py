@@ -122,11 +122,11 @@ class RecyclingDrafter(BandedLookupDrafter):
                 tokens, ps = self.chain(ids, max_tokens)
                 if tokens and self.fixed_chain:
                     best = (1.0, len(tokens), tokens, [band(p) for p in ps], None,
-                            f"recycled chain (first p {ps[0]:.2f}), fixed length", len(tokens))
+                            f"recycled chain (its first token harvested at p {ps[0]:.2f}), fixed length", len(tokens))
                 elif tokens:
                     g, val, e = self.chain_value(ps)
                     best = (val, g, tokens[:g], [band(p) for p in ps[:g]], None,
-                            f"recycled chain (first p {ps[0]:.2f})", e)
+                            f"recycled chain (its first token harvested at p {ps[0]:.2f})", e)
                 if self.lookup and not self.fixed_chain:
                     for key, toks, what in self.candidates(ids, max_tokens):
                         g, val, e, a1, ac = self.value(key, len(toks))

@@ -10,7 +10,10 @@ from ..trace import Trace
 
 COLORS = {"accepted": "#2e9e5b", "rejected": "#d64545", "resample": "#e08a1e", "bonus": "#3b7dd8",
           "spec": "#7b4fd1", "vanilla": "#8a8a8a", "theory": "#c0392b", "draft": "#e0b41e",
-          "verify": "#3b7dd8", "prefill": "#9db7e0", "other": "#c9c9c9", "p": "#3b7dd8", "q": "#e08a1e"}
+          "verify": "#3b7dd8", "prefill": "#9db7e0", "other": "#c9c9c9",
+          # p and q apart from the token colours (blue was the bonus token's, orange the resampled one's): the
+          # target's p in cyan, the draft's q in the gold of drafting time
+          "p": "#0e7490", "q": "#a16207"}
 
 
 def layout(fig: go.Figure, title: str, x: str, y: str, height: int = 260) -> go.Figure:

@@ -166,7 +166,7 @@ class FrameMaker:
         shown = next((i for i in range(n - 1, -1, -1) if spec.iterations[i].proposed), last)
         path = self.export(spec, vanilla) if self.export and spec.start is not None else None
         return Frame(
-            status=text.final_status(spec, vanilla, stopped),
+            status=text.final_status(spec, vanilla, stopped, state.exact),
             tokens=tokens.tokens_html(spec.iterations, self.rendered if len(self.rendered) == n else None),
             output=text.output_html(spec, vanilla),
             charts=dict(zip(CHART_NAMES, charts.all_figures(spec, vanilla))),

@@ -76,14 +76,25 @@ def running_status(spec: Trace, vanilla: Trace | None, phase: str) -> str:
             f"acceptance {rate(spec.acceptance_rate)}, {spec.tokens_per_second:.1f} tok/s")
 
 
-def final_status(spec: Trace, vanilla: Trace | None, stopped: bool) -> str:
-    if stopped:
-        what = f"■ stopped after {plural(spec.tokens, 'token')}"
-        if vanilla is not None and vanilla.iterations and not vanilla.summary:
-            what += f" (vanilla comparison stopped after {plural(vanilla.tokens, 'token')})"
-        return what + ": the results below are for what ran"
+def final_status(spec: Trace, vanilla: Trace | None, stopped: bool, exact: Exactness | None = None) -> str:
+    """The status line at the end: what ran, and when both runs ended, the speedup and the greedy
+    verdict (a room watching a projector sees this line, not the Summary tab below the fold)."""
+    van = vanilla if vanilla is not None and vanilla.iterations else None
     s = spec.summary
-    return f"■ done: {plural(s.new_tokens, 'token')}, stop: {md(s.stop_reason)}" if s else "■ done"
+    if stopped and s is None:
+        what = f"■ stopped after {plural(spec.tokens, 'token')}"
+        return what + ": the results below are for what ran"
+    if not s:
+        return "■ done"
+    line = f"■ done: {plural(s.new_tokens, 'token')}, stop: {md(s.stop_reason)}"
+    if stopped:  # the speculative run had ended; Stop cut the comparison short
+        cut = f" after {plural(van.tokens, 'token')}" if van else " before its first token"
+        return line + f"; the vanilla comparison was stopped{cut}, so there is no speedup"
+    if van is not None and van.summary is not None:
+        line += f" · **{compare_speed(spec, van).speedup:.2f}x** vanilla's speed"
+    if exact is not None and spec.greedy:
+        line += " · identical to vanilla" if exact.identical else " · **differs from vanilla** (see Summary)"
+    return line
 
 
 def guidance(spec: Trace) -> str:
@@ -139,6 +150,10 @@ def summary_markdown(spec: Trace, vanilla: Trace | None, exact: Exactness | None
                      f"{cmp.predicted:.2f}x | |")
         lines.append(f"| measured this run: draft cost c, verify cost v (vs one vanilla step) | c = {cmp.c:.3f}, v = "
                      + ", ".join(f"{v:.2f} @ {g}" for g, v in sorted(cmp.v.items())) + " | |")
+        if abs(spec.tokens - van.tokens) > 0.25 * max(spec.tokens, van.tokens):
+            lines += ["", f"The two runs wrote {spec.tokens} and {van.tokens} tokens (each ends where its own draws end "
+                          "it). The speedup compares their tokens per second, but the shorter run spreads the same "
+                          "prefill over fewer tokens: the decode speedup, without the prefill, is the fairer figure here."]
     if s.costs:
         v = s.costs.get("v") or []
         lines += ["", f"The drafter plans with a cost profile ({md(s.costs.get('source'))}), not with this run's "
@@ -167,7 +182,7 @@ def summary_markdown(spec: Trace, vanilla: Trace | None, exact: Exactness | None
     return "\n".join(lines)
 
 
-def _pieces_html(pieces: list[str], mark: int | None, eos: bool = False) -> str:
+def _pieces_html(pieces: list[str], mark: int | None, eos: bool = False, sampled: bool = False) -> str:
     """The output's text; ``eos``: its last piece is the end-of-sequence token, shown as a small tag
     (its raw text, e.g. ``<|im_end|>``, read as part of the answer)."""
     out = []
@@ -178,7 +193,8 @@ def _pieces_html(pieces: list[str], mark: int | None, eos: bool = False) -> str:
         elif i == len(pieces) - 1 and "\ufffd" in piece:  # byte tokens of a character the run stopped inside
             text = (f'<span class="sv-partial" title="part of a character: the run stopped before the tokens '
                     f'that complete it">{text}</span>')
-        out.append(f'<mark class="sv-diverge" title="the two outputs part here">{text or "∅"}</mark>'
+        out.append(f'<mark class="sv-diverge{" sv-sampled" if sampled else ""}" title="the two outputs part here">'
+                   f'{text or "∅"}</mark>'
                    if i == mark else text)
     return "".join(out)
 
@@ -200,13 +216,16 @@ def output_html(spec: Trace, vanilla: Trace | None) -> str:
         mark = first_difference(cols[0][2], cols[1][2])
         done = vanilla.summary is not None and spec.summary is not None
         if mark is not None and (done or mark < min(len(cols[0][2]), len(cols[1][2]))):
-            note = f"<p class='sv-out-note'>The outputs part at new token {mark + 1} (marked).</p>"
+            note = (f"<p class='sv-out-note'>The outputs part at new token {mark + 1} (marked).</p>" if spec.greedy
+                    else f"<p class='sv-out-note'>Sampled: each run draws its own tokens, so the outputs part (here "
+                         f"at new token {mark + 1}, marked) as two plain runs with other draws would; both follow the "
+                         "target's distribution.</p>")
         elif done:
             note = "<p class='sv-out-note'>Identical outputs, token for token.</p>"
             mark = None
         else:
             mark = None
     body = "".join(f"<div class='sv-out-col'><div class='sv-out-head'>{name} · {plural(len(ids), 'token')}</div>"
-                   f"<div class='sv-out-text'>{_pieces_html(pieces, mark, eos)}</div></div>"
+                   f"<div class='sv-out-text'>{_pieces_html(pieces, mark, eos, not spec.greedy)}</div></div>"
                    for name, pieces, ids, eos in cols)
     return f"<div class='sv-out'>{body}</div>{note}"

@@ -50,13 +50,23 @@ def _fmt(x: float | None) -> str:
     return f"{x:.3g}" if x >= 1e-3 else f"{x:.1e}"
 
 
+def one_hot(e: IterationEvent) -> bool:
+    """p is one-hot at every examined position (greedy, or top-k 1): min(1, p/q) is 1 or 0, so a
+    proposal is kept exactly when it is the target's top token, and the draw u decides nothing."""
+    examined = e.p[:min(e.accepted + 1, len(e.p))]
+    return bool(examined) and all(x in (0.0, 1.0) for x in examined)
+
+
 def _token_title(e: IterationEvent, i: int, state: str) -> str:
     if len(e.q) <= i or len(e.p) <= i:  # a backend that does not report p and q (a serving engine)
         return f"iteration {e.index}, draft position {i + 1}: {state}\np and q: not reported by this backend"
     lines = [f"iteration {e.index}, draft position {i + 1}: {state}",
              f"q (draft) = {_fmt(e.q[i])}    p (target) = {_fmt(e.p[i])}",
              f"min(1, p/q) = {_fmt(e.accept_prob[i])}"]
-    if e.draws[i] is not None:
+    if e.draws[i] is not None and one_hot(e):
+        lines.append("greedy: kept, the target's top token" if i < e.accepted else
+                     "greedy: refused, the target's top token is another")
+    elif e.draws[i] is not None:
         verdict = "<" if i < e.accepted else ">="
         lines.append(f"draw u = {e.draws[i]:.3f}  ({verdict} min(1, p/q))")
     if e.p_raw and (e.p[i] in (0.0, 1.0)):
@@ -69,8 +79,11 @@ def _correction_title(e: IterationEvent) -> str:
     what = {"resample": "resampled from norm(max(0, p - q)) after the rejection",
             "bonus": "bonus token: every proposal was kept, drawn from p",
             "sample": "plain target step (no proposal), drawn from p"}[c.kind]
+    if one_hot(e):
+        what += " (greedy: the target's top token)"
+    under = "norm(max(0, p - q))" if c.kind == "resample" else "p"
     top = ", ".join(f"{t!r} {_fmt(pr)}" for _, t, pr in c.top[:4])
-    return f"iteration {e.index}: {what}\nprobability there = {_fmt(c.p)}\ntop: {top}"
+    return f"iteration {e.index}: {what}\nits probability under {under} = {_fmt(c.p)}\ntop: {top}"
 
 
 def is_special(piece: str) -> bool:
@@ -121,13 +134,14 @@ def inspector_html(e: IterationEvent | None, gamma: int | None = None) -> str:
         return '<div class="sv-inspect">No iteration yet: press Run, or load a saved run.</div>'
     rows = []
     known = len(e.p) == len(e.q) == len(e.accept_prob) == len(e.draws) == len(e.proposed)
+    greedy = known and one_hot(e)
 
     def at(xs, i):
         return _fmt(xs[i]) if i < len(xs) else "-"
 
     for i, piece in enumerate(e.proposed_text):
         state = "accepted" if i < e.accepted else "rejected" if i == e.accepted else "unchecked"
-        draw = "-" if not known or e.draws[i] is None else f"{e.draws[i]:.3f}"
+        draw = "-" if not known or e.draws[i] is None or greedy else f"{e.draws[i]:.3f}"
         raw = f"{at(e.p_raw, i)} / {at(e.q_raw, i)}"
         rows.append(f"<tr class='sv-row-{state}'><td>{i + 1}</td><td><code>{show(piece)}</code></td>"
                     f"<td>{at(e.q, i)}</td><td>{at(e.p, i)}</td><td>{at(e.accept_prob, i)}</td>"
@@ -135,8 +149,9 @@ def inspector_html(e: IterationEvent | None, gamma: int | None = None) -> str:
     c = e.correction
     kind = {"resample": "resampled", "bonus": "bonus", "sample": "plain step"}[c.kind]
     used = kind if len(e.emitted) > e.accepted else f"{kind} (not emitted: the run stopped first)"
+    cp = f"r(x) = {_fmt(c.p)}" if c.kind == "resample" else _fmt(c.p)  # the residual's, not p's
     rows.append(f"<tr class='sv-row-{c.kind}'><td>+</td><td><code>{show(c.text)}</code></td><td>-</td>"
-                f"<td>{_fmt(c.p)}</td><td>-</td><td>-</td><td>{used}</td><td></td></tr>")
+                f"<td>{cp}</td><td>-</td><td>-</td><td>{used}</td><td></td></tr>")
     src = {"resample": "norm(max(0, p &minus; q)) at the rejected position",
            "bonus": "p after the last proposal", "sample": "p"}[c.kind]
     top = "".join(f"<li><code>{show(t)}</code> {_fmt(pr)}</li>" for _, t, pr in c.top)
@@ -151,7 +166,13 @@ def inspector_html(e: IterationEvent | None, gamma: int | None = None) -> str:
             f"emitted {len(e.emitted)} &middot; draft {e.draft_ms:.1f} ms, verify {e.verify_ms:.1f} ms")
     if not known and e.proposed:
         table += "<p>p and q: not reported by this backend (a serving engine keeps them to itself).</p>"
-    whose = ("that distribution's top tokens (the + row's p(x) is from it too: p minus q, renormalised, not "
-             "the target's p)" if c.kind == "resample" else "p's top tokens")
+    whose = ("that distribution's top tokens (r, the + row's value: p minus q, renormalised, not the target's p)"
+             if c.kind == "resample" else "p's top tokens")
+    if greedy:
+        table += ("<p>Greedy: p is one-hot on the target's top token, so min(1, p/q) is 1 or 0: a proposal is kept "
+                  "exactly when it is the target's top token, whatever the draw u (drawn all the same, so that a "
+                  "seed gives the same numbers as the sampled rule), and the "
+                  + ("resampled token is the target's top token at the refused position.</p>" if c.kind == "resample"
+                     else f"{kind} token is the target's top token.</p>"))
     return (head + table + f"<p>The {kind} token was drawn from {src}; {whose}:</p><ol class='sv-top'>"
             + top + "</ol></div>")
