@@ -357,3 +357,21 @@ def test_a_summary_of_runs_of_unequal_length_points_to_the_decode_speedup(target
     assert short.tokens < 0.75 * last.spec.tokens
     md_ = text.summary_markdown(last.spec, short)
     assert f"The two runs wrote {last.spec.tokens} and {short.tokens} tokens" in md_ and "decode speedup" in md_
+
+
+def test_the_inspector_chart_shows_the_residual_a_resampled_token_came_from(target_model, draft_model, tok):
+    """The chart showed p and q per proposal but never norm(max(0, p - q)), the step a class most needs
+    to see: a sampled iteration that resampled now adds r's top tokens, in the resampled colour."""
+    from specviz.view import charts
+
+    last = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc",
+                         DecodeConfig(gamma=4, max_new_tokens=30, sampling=SamplingConfig(temperature=0.9), seed=1)))[-1]
+    res = [e for e in last.spec.iterations if e.proposed and e.correction.kind == "resample"]
+    assert res
+    fig = charts.inspector_figure(res[0])
+    r = [t for t in fig.data if t.name.startswith("r = norm(max(0, p − q))")]
+    assert len(r) == 1 and list(r[0].y) == [pr for _, _, pr in res[0].correction.top[:4]]
+    assert r[0].marker.color == charts.COLORS["resample"] and "and r after the refusal" in fig.layout.title.text
+    bonus = next((e for e in last.spec.iterations if e.proposed and e.correction.kind == "bonus"), None)
+    if bonus is not None:
+        assert not any(t.name.startswith("r = ") for t in charts.inspector_figure(bonus).data)

@@ -12,8 +12,8 @@ COLORS = {"accepted": "#2e9e5b", "rejected": "#d64545", "resample": "#e08a1e", "
           "spec": "#7b4fd1", "vanilla": "#8a8a8a", "theory": "#c0392b", "draft": "#e0b41e",
           "verify": "#3b7dd8", "prefill": "#9db7e0", "other": "#c9c9c9",
           # p and q apart from the token colours (blue was the bonus token's, orange the resampled one's): the
-          # target's p in cyan, the draft's q in the gold of drafting time
-          "p": "#0e7490", "q": "#a16207"}
+          # target's p in cyan, the draft's q in slate (the residual r, after a refusal, keeps the resampled orange)
+          "p": "#0e7490", "q": "#64748b"}
 
 
 def layout(fig: go.Figure, title: str, x: str, y: str, height: int = 260) -> go.Figure:
@@ -111,12 +111,20 @@ def inspector_figure(e: IterationEvent | None) -> go.Figure:
         if all(x in (0.0, 1.0) for x in e.p):  # greedy: p and q are one-hot; show the softmax too
             fig.add_bar(x=labels, y=e.q_raw, name="q softmax T=1", marker_color=COLORS["q"], opacity=0.45)
             fig.add_bar(x=labels, y=e.p_raw, name="p softmax T=1", marker_color=COLORS["p"], opacity=0.45)
+        c = e.correction
+        if c.kind == "resample" and c.top and not all(x in (0.0, 1.0) for x in e.p):
+            # the step a class most needs to see: after the refusal the target draws from the residual
+            r = c.top[:4]
+            fig.add_bar(x=[f"r: {t!r}" for _, t, _ in r], y=[pr for _, _, pr in r], marker_color=COLORS["resample"],
+                        name=f"r = norm(max(0, p − q)) at position {e.accepted + 1}, its top tokens")
         fig.update_layout(barmode="group")
     elif e is not None:
         labels = [repr(t) for _, t, _ in e.correction.top]
         fig.add_bar(x=labels, y=[p for _, _, p in e.correction.top], name="p (target)", marker_color=COLORS["p"])
     fig.update_yaxes(range=[0, 1.05])
-    return layout(fig, "p and q of each proposal", "", "probability", height=240)
+    shows_r = any(str(t.name).startswith("r = ") for t in fig.data)
+    return layout(fig, "p and q of each proposal" + (", and r after the refusal" if shows_r else ""), "",
+                  "probability", height=240)
 
 
 def all_figures(spec: Trace, vanilla: Trace | None) -> tuple[go.Figure, ...]:
