@@ -216,7 +216,7 @@ def figure(res: SameOutputsResult) -> go.Figure:
               COLORS["spec"], True)  # speculative's colour, not the green of a kept token
     if chosen is not None:
         if control is not None and control.position == chosen.position:
-            _bars(fig, control, 2, f"correct rule (p = {control.p_value:.2f})", COLORS["spec"], True)
+            _bars(fig, control, 2, f"correct rule (p = {control.p_value:.2f})", "#b09ae6", True)  # speculative's, lighter
         _bars(fig, chosen, 2, f"{chosen.rule} (p = {chosen.p_value:.0e})", COLORS["rejected"], False)
     fig.update_layout(barmode="group")
     fig.update_annotations(font_size=12)
