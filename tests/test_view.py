@@ -370,7 +370,7 @@ def test_the_inspector_chart_shows_the_residual_a_resampled_token_came_from(targ
     assert res
     fig = charts.inspector_figure(res[0])
     r = [t for t in fig.data if t.name.startswith("r = norm(max(0, p − q))")]
-    assert len(r) == 1 and list(r[0].y) == [pr for _, _, pr in res[0].correction.top[:4]]
+    assert len(r) == 1 and list(r[0].y) == [pr for _, _, pr in res[0].correction.top]
     assert r[0].marker.color == charts.COLORS["resample"] and "and r after the refusal" in fig.layout.title.text
     bonus = next((e for e in last.spec.iterations if e.proposed and e.correction.kind == "bonus"), None)
     if bonus is not None:

@@ -13,7 +13,7 @@ COLORS = {"accepted": "#2e9e5b", "rejected": "#d64545", "resample": "#e08a1e", "
           "verify": "#3b7dd8", "prefill": "#9db7e0", "other": "#c9c9c9",
           # p and q apart from the token colours (blue was the bonus token's, orange the resampled one's): the
           # target's p in cyan, the draft's q in slate (the residual r, after a refusal, keeps the resampled orange)
-          "p": "#0e7490", "q": "#64748b"}
+          "p": "#0891b2", "q": "#64748b"}
 
 
 def layout(fig: go.Figure, title: str, x: str, y: str, height: int = 260) -> go.Figure:
@@ -114,7 +114,7 @@ def inspector_figure(e: IterationEvent | None) -> go.Figure:
         c = e.correction
         if c.kind == "resample" and c.top and not all(x in (0.0, 1.0) for x in e.p):
             # the step a class most needs to see: after the refusal the target draws from the residual
-            r = c.top[:4]
+            r = c.top  # the same tokens the inspector lists under the table
             fig.add_bar(x=[f"r: {t!r}" for _, t, _ in r], y=[pr for _, _, pr in r], marker_color=COLORS["resample"],
                         name=f"r = norm(max(0, p − q)) at position {e.accepted + 1}, its top tokens")
         fig.update_layout(barmode="group")

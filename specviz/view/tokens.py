@@ -22,7 +22,7 @@ LEGEND = (
     '<span class="sv-tok sv-res">resampled</span> the target\'s correction, drawn from norm(max(0, p &minus; q)) '
     '<span class="sv-tok sv-bonus">bonus</span> free extra token when all were kept, drawn from p '
     '<span class="sv-tok sv-plain">plain</span> target step with no proposal. '
-    'A box is one iteration (one target pass); hover (or tap) a token for p, q, min(1, p/q) and the draw u.'
+    'A box is one iteration (one target pass); hover (or tap) a token for p, q, min(1, p/q) and, in a sampled run, the draw u.'
     '</div>')
 
 
