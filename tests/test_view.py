@@ -345,6 +345,8 @@ def test_sampled_outputs_that_part_are_not_marked_as_a_fault(target_model, draft
     html_ = text.output_html(last.spec, last.vanilla)
     assert "Sampled: each run draws its own tokens" in html_ and 'class="sv-diverge sv-sampled"' in html_
     assert "The outputs part at new token" not in html_
+    mark = re.search(r'<mark class="sv-diverge sv-sampled"[^>]*>(.*?)</mark>', html_).group(1)
+    assert mark and not mark.startswith(" ")  # a leading space stays outside the mark
 
 
 def test_a_summary_of_runs_of_unequal_length_points_to_the_decode_speedup(target_model, draft_model, tok):
@@ -375,3 +377,12 @@ def test_the_inspector_chart_shows_the_residual_a_resampled_token_came_from(targ
     bonus = next((e for e in last.spec.iterations if e.proposed and e.correction.kind == "bonus"), None)
     if bonus is not None:
         assert not any(t.name.startswith("r = ") for t in charts.inspector_figure(bonus).data)
+
+
+def test_the_part_mark_starts_at_the_word():
+    """A token's leading space sat inside the mark: at a line's end it drew an empty dashed box and the
+    word went to the next line."""
+    out = text._pieces_html(["The", " cat", " lost"], 2, sampled=True)
+    assert out.endswith(' <mark class="sv-diverge sv-sampled" title="the two outputs part here">lost</mark>')
+    assert text._pieces_html(["a", " "], 1) == 'a<mark class="sv-diverge" title="the two outputs part here"> </mark>'
+    assert text._pieces_html(["a", ""], 1).endswith(">∅</mark>")

@@ -193,9 +193,11 @@ def _pieces_html(pieces: list[str], mark: int | None, eos: bool = False, sampled
         elif i == len(pieces) - 1 and "\ufffd" in piece:  # byte tokens of a character the run stopped inside
             text = (f'<span class="sv-partial" title="part of a character: the run stopped before the tokens '
                     f'that complete it">{text}</span>')
-        out.append(f'<mark class="sv-diverge{" sv-sampled" if sampled else ""}" title="the two outputs part here">'
-                   f'{text or "∅"}</mark>'
-                   if i == mark else text)
+        if i == mark:  # the mark starts at the word: a leading space inside it drew an empty box at a line's end
+            body = text.lstrip(" ") or text  # a token of spaces only keeps them inside the mark
+            text = (" " * (len(text) - len(body)) + f'<mark class="sv-diverge{" sv-sampled" if sampled else ""}" '
+                    f'title="the two outputs part here">{body or "∅"}</mark>')
+        out.append(text)
     return "".join(out)
 
 
