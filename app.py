@@ -100,14 +100,14 @@ def typed_seed(seed):
     the page refuses both (the /v1 API and the CLI take any 64-bit seed)."""
     if seed in (None, ""):
         return 0
-    if isinstance(seed, (int, float)) and not isinstance(seed, bool) and abs(seed) > BROWSER_EXACT:
-        raise SpecvizError(f"a seed above 2^53 ({BROWSER_EXACT:,}) cannot be typed exactly in a browser: it arrives "
-                           f"rounded (here as {seed:,.0f}), so another seed would run than the box shows; use one up to "
-                           "2^53 here, or the /v1 API or the CLI for any 64-bit seed")
-    if isinstance(seed, (int, float)) and not isinstance(seed, bool) and (seed < 0 or seed != int(seed)):
-        # the engine's own message would name its range, 0 to 2^64 - 1, which this box cannot hold
-        raise SpecvizError(f"the seed must be a whole number from 0 to 2^53 ({BROWSER_EXACT:,}) here, got {seed:g} "
-                           "(the /v1 API and the CLI take any 64-bit seed)")
+    if isinstance(seed, (int, float)) and not isinstance(seed, bool):
+        if abs(seed) > BROWSER_EXACT:
+            raise SpecvizError(f"a seed above 2^53 ({BROWSER_EXACT:,}) cannot be typed exactly in a browser: it "
+                               f"arrives rounded (here as {seed:,.0f}), so another seed would run than the box shows; "
+                               "use one up to 2^53 here, or the /v1 API or the CLI for any 64-bit seed")
+        if seed < 0 or seed != int(seed):  # the engine's message would name its range, 0 to 2^64 - 1
+            raise SpecvizError(f"the seed must be a whole number from 0 to 2^53 ({BROWSER_EXACT:,}) here, got "
+                               f"{seed:g} (the /v1 API and the CLI take any 64-bit seed)")
     return seed
 
 

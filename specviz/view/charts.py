@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 
 from ..events import IterationEvent
 from ..trace import Trace
+from .tokens import one_hot
 
 COLORS = {"accepted": "#2e9e5b", "rejected": "#d64545", "resample": "#e08a1e", "bonus": "#3b7dd8",
           "spec": "#7b4fd1", "vanilla": "#8a8a8a", "theory": "#c0392b", "draft": "#e0b41e",
@@ -112,7 +113,7 @@ def inspector_figure(e: IterationEvent | None) -> go.Figure:
             fig.add_bar(x=labels, y=e.q_raw, name="q softmax T=1", marker_color=COLORS["q"], opacity=0.45)
             fig.add_bar(x=labels, y=e.p_raw, name="p softmax T=1", marker_color=COLORS["p"], opacity=0.45)
         c = e.correction
-        if c.kind == "resample" and c.top and not all(x in (0.0, 1.0) for x in e.p):
+        if c.kind == "resample" and c.top and not one_hot(e):
             # the step a class most needs to see: after the refusal the target draws from the residual
             r = c.top  # the same tokens the inspector lists under the table
             fig.add_bar(x=[f"r: {t!r}" for _, t, _ in r], y=[pr for _, _, pr in r], marker_color=COLORS["resample"],
