@@ -3,7 +3,8 @@
 # (pytest, Playwright for Python, and Debian's chromium for the browser test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+# the README runs `python ...`: install into that interpreter (python3 only where there is no python)
+PY=${PYTHON:-$(command -v python >/dev/null 2>&1 && echo python || echo python3)}
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 
 pip_install -r requirements.txt

@@ -54,3 +54,30 @@ def test_the_readme_leads_to_the_measurement_log():
     readme = (ROOT / "README.md").read_text()
     assert "](docs/MEASUREMENTS.md" in readme
     assert (ROOT / "docs" / "MEASUREMENTS.md").stat().st_size > 0
+
+
+def _two_commands() -> tuple[str, str]:
+    """The README's two commands, from the fenced blocks of its *Two commands* section."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.strip() for b in re.findall(r"```bash\n(.*?)```", section, flags=re.S)]
+    assert len(blocks) == 2, blocks
+    return blocks[0], blocks[1]
+
+
+def test_ci_runs_the_readmes_test_command_verbatim():
+    start, tests = _two_commands()
+    assert "app.py" in start and "pytest" in tests
+    ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
+          if ln.strip() and not ln.lstrip().startswith("#")]
+    assert tests in ci, f".ci/run does not run the README's test command {tests!r}: {ci}"
+
+
+def test_set_up_installs_into_the_python_the_readme_runs():
+    """The README runs `python ...`; set-up must install into that interpreter, not another one
+    that happens to be called python3."""
+    start, tests = _two_commands()
+    assert re.search(r"\bpython -m pytest\b", tests) and re.search(r"\bpython app\.py\b", start)
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    default = re.search(r"^PY=(.+)$", setup, flags=re.M).group(1)
+    assert "command -v python " in default and default.index("python ") < default.index("python3"), default
