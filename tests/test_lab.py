@@ -446,26 +446,33 @@ def test_same_outputs_never_calls_an_untested_sample_a_failure():
     assert "catches 0 of 1" in text and "misses raw_q" in text
 
 
-def test_the_cost_map_names_the_pairs_own_drafter_as_it_runs():
+def test_the_cost_map_names_the_pairs_own_drafter_as_it_runs(target_model, draft_model, tok):
     """The default pair's drafter (the draft head beside lookup and the datastore) was put on the map as
     "lookup + datastore", since it has a datastore too, and the takeaway named that the winner; a
-    self-draft pair's own drafter was not measured at all."""
+    self-draft pair's own drafter was not measured at all. Each real drafter names itself
+    (``label()``), and the map adds a marker only where no other marker measures it."""
     from types import SimpleNamespace
 
+    from specviz.drafters import EarlyExitDrafter, HeadDrafter, ModelDrafter, PromptLookupDrafter
+    from specviz.drafters.quantized import SelfDraftDrafter
+    from specviz.drafters.recycling import RecyclingDrafter
     from specviz.lab.cost_map import _drafter_specs
+    from tests.test_datastore import store_of
+    from tests.test_head import drafter as head_drafter
 
-    def pipe(store=None, name="x", **describe):
-        drafter = SimpleNamespace(describe=lambda: describe, datastore=store, name=name)
-        return SimpleNamespace(drafter=drafter, gamma=10)
+    def own(d):
+        return [label for label, spec, _ in _drafter_specs(SimpleNamespace(drafter=d, gamma=10), [2]) if spec is None]
 
-    def own(p):
-        return [label for label, spec, _ in _drafter_specs(p, [2]) if spec is None]
-
-    assert own(pipe(object(), kind="head", lookup=True)) == ["draft head + lookup + datastore"]
-    assert own(pipe(None, kind="head", lookup=False)) == ["draft head"]
-    assert own(pipe(object(), kind="prompt_lookup")) == ["lookup + datastore"]
-    assert own(pipe(None, kind="prompt_lookup")) == []  # the plain lookup marker measures it
-    assert own(pipe(object(), kind="recycling", lookup=True)) == ["recycling + lookup + datastore"]
-    assert own(pipe(None, kind="self_quantized", precision="int8")) == ["self-draft (int8)"]
-    assert own(pipe(None, "draft tiny-draft", kind="model")) == ["draft tiny-draft"]
-    assert own(pipe(None, kind="early_exit", layers=2)) == []  # the swept depths measure it
+    store = store_of([5, 6, 7, 8])
+    head = head_drafter(HeadDrafter, target_model, tok, lookup=True)
+    head.datastore = store
+    assert own(head) == ["draft head + lookup + datastore"]
+    assert own(head.fixed()) == ["draft head"]  # the Lab's fixed-γ copy: the head alone
+    assert own(head_drafter(HeadDrafter, target_model, tok, lookup=False)) == ["draft head"]
+    assert own(PromptLookupDrafter(datastore=store)) == ["lookup + datastore"]
+    assert own(PromptLookupDrafter()) == []  # the plain lookup marker measures it
+    assert own(RecyclingDrafter(len(tok), datastore=store)) == ["recycling + lookup + datastore"]
+    assert own(RecyclingDrafter(len(tok), lookup=False)) == ["recycling"]
+    assert own(SelfDraftDrafter(target_model, "int8", len(tok))) == ["self-draft (int8)"]
+    assert own(ModelDrafter(draft_model, "draft tiny-draft")) == ["draft tiny-draft"]
+    assert own(EarlyExitDrafter(target_model, 2)) == []  # the swept depths measure it

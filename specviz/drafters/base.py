@@ -60,6 +60,11 @@ class Drafter:
     def describe(self) -> dict:
         return {"kind": self.kind, "name": self.name}
 
+    def label(self) -> str:
+        """A short name for a chart's legend or a map's marker ("draft head + lookup + datastore");
+        ``name`` is the long one, with the drafter's settings."""
+        return self.name
+
     def fixed(self) -> "Drafter":
         """This drafter proposing as many tokens as it is asked for, where it can (the Lab's sweep of
         fixed γ). A drafter that chooses no length of its own (a draft model, early exit) is that

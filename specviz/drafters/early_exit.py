@@ -19,6 +19,9 @@ class EarlyExitDrafter(ModelDrafter):
         super().__init__(early_exit_view(target_model, layers), f"early exit @ layer {layers}", vocab_size)
         self.layers = layers
 
+    def label(self) -> str:
+        return f"early exit {self.layers}"
+
     def describe(self) -> dict:
         return {"kind": self.kind, "name": self.name, "layers": self.layers}
 

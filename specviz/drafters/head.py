@@ -315,6 +315,7 @@ class HeadDrafter(BandedLookupDrafter):
         if priors is not None:
             self.PRIOR_FIRST, self.PRIOR_NEXT = tuple(priors[0]), tuple(priors[1])
         super().__init__(max_ngram, min_ngram, True, datastore=datastore)  # calls reset()
+        self._label = label
         parts = [f"{label} ({len(vocab):,}-token vocabulary)"]
         if lookup:
             parts.append(self.name)
@@ -491,6 +492,9 @@ class HeadDrafter(BandedLookupDrafter):
             reason = (f"draft head, fixed length: proposing {len(out)}" if out else
                       "no room left" if max_tokens <= 0 else "no head state: plain step")
         return Proposal(out, torch.stack(q_rows) if q_rows else None, raw, reason, t.ms)
+
+    def label(self) -> str:
+        return self._label + (" + " + super().label() if self.lookup else "")
 
     def describe(self) -> dict:
         d = super().describe()

@@ -247,6 +247,9 @@ class PromptLookupDrafter(Drafter):
             cont[1] += min(accepted, proposed - 1)
             cont[0] += accepted - 1
 
+    def label(self) -> str:
+        return "lookup + datastore" if self.datastore is not None else "lookup"
+
     def describe(self) -> dict:
         d = {"kind": self.kind, "name": self.name, "max_ngram": self.max_ngram,
              "min_ngram": self.min_ngram, "adaptive": self.adaptive}

@@ -57,6 +57,9 @@ class SelfDraftDrafter(ModelDrafter):
         super().__init__(lower_precision_copy(target_model, precision), f"the target in {precision}", vocab_size)
         self.precision = precision
 
+    def label(self) -> str:
+        return f"self-draft ({self.precision})"
+
     def describe(self) -> dict:
         return {"kind": self.kind, "name": self.name, "precision": self.precision}
 

@@ -155,6 +155,9 @@ class RecyclingDrafter(BandedLookupDrafter):
         d.reset([])
         return d
 
+    def label(self) -> str:
+        return "recycling" + (" + " + super().label() if self.lookup else "")
+
     def describe(self) -> dict:
         d = super().describe()
         d.update(kind=self.kind, name=self.name, top_k=self.top_k, lookup=self.lookup, pairs=self.pairs)

@@ -39,24 +39,13 @@ class CostMapResult:
 
 
 def own_label(pipe: Pipeline) -> str | None:
-    """A short name for the pair's own drafter on the map, or None where another marker measures it
-    already (plain lookup; early exit, whose depths are swept). The head's pair was labelled "lookup +
-    datastore" (its drafter has a datastore too), and the map named that the winner."""
-    d = pipe.drafter.describe()
-    k = d.get("kind")
-    store = " + datastore" if getattr(pipe.drafter, "datastore", None) is not None else ""
-    lookup = f" + lookup{store}" if d.get("lookup", True) else ""
-    if k == "prompt_lookup":
-        return f"lookup{store}" if store else None
-    if k == "early_exit":
+    """The pair's own drafter's marker on the map (its ``label()``), or None where another marker
+    measures it already (plain lookup; early exit, whose depths are swept). The head's pair was once
+    labelled "lookup + datastore" (its drafter has a datastore too), and the map named that the winner."""
+    k = pipe.drafter.describe().get("kind")
+    if k == "early_exit" or (k == "prompt_lookup" and getattr(pipe.drafter, "datastore", None) is None):
         return None
-    if k == "head":
-        return f"draft head{lookup}"
-    if k == "recycling":
-        return f"recycling{lookup}"
-    if k == "self_quantized":
-        return f"self-draft ({d.get('precision')})"
-    return pipe.drafter.name
+    return pipe.drafter.label()
 
 
 def _drafter_specs(pipe: Pipeline, depths: list[int]) -> list[tuple[str, dict, int]]:
