@@ -291,6 +291,22 @@ def test_production_config_and_metrics(tiny):
     assert "quantised GGUF" in takeaway(res) and f"vllm-serve --pair {res.pair}" in takeaway(res)
 
 
+def test_production_chart_numbers_positions_as_the_page_does():
+    """The page's "Acceptance by draft position" numbers the first draft token 1; the Lab's chart
+    numbered it 0 (vLLM's counter) and, its x values being digit strings, plotly ticked them at
+    -0.5, 0, 0.5, ... A teacher saw the same bar under two numbers."""
+    from specviz.lab.production import ProductionResult, figure
+
+    res = ProductionResult.__new__(ProductionResult)
+    res.by_position = [[7, 10], [3, 7], [1, 3]]
+    fig = figure(res).to_dict()
+    bar = fig["data"][0]
+    assert list(bar["x"]) == [1, 2, 3] and list(bar["customdata"]) == [0, 1, 2]
+    assert "vLLM's position=%{customdata}" in bar["hovertemplate"]
+    x = fig["layout"]["xaxis"]
+    assert x["dtick"] == 1 and x["tickmode"] == "linear" and "counts from 0" in x["title"]["text"]
+
+
 def test_broken_rules_are_not_reachable_from_a_normal_run():
     import specviz.acceptance
     import specviz.engine
@@ -376,9 +392,12 @@ def test_browser_lab_runs_an_experiment(tiny_registry, monkeypatch):
             # into 390 px printed their titles over each other)
             page.set_viewport_size({"width": 390, "height": 844})
             page.wait_for_timeout(800)
-            box = page.evaluate("(e => [e.querySelector('.js-plotly-plot').getBoundingClientRect().width,"
-                                " e.scrollWidth > e.clientWidth])(document.querySelector('#sv-lab-plot'))")
-            assert box[0] >= 720 and box[1], box
+            # ... and can be scrolled: gradio's inline overflow: hidden on the block once clipped it at
+            # 326 px with no way to see the rest
+            box = page.evaluate("(e => { e.scrollLeft = 200; return [e.querySelector('.js-plotly-plot')"
+                                ".getBoundingClientRect().width, e.scrollWidth > e.clientWidth, e.scrollLeft,"
+                                " getComputedStyle(e).overflowX]; })(document.querySelector('#sv-lab-plot'))")
+            assert box[0] >= 720 and box[1] and box[2] > 0 and box[3] in ("auto", "scroll"), box
             page.set_viewport_size({"width": 1400, "height": 1000})
             page.click("#sv-lab-gamma_sweep")  # a longer one, stopped half way
             page.wait_for_function("document.querySelector('#sv-lab-status')?.innerText.includes('░')",
@@ -444,6 +463,11 @@ def test_same_outputs_never_calls_an_untested_sample_a_failure():
     broken = [Check("correct", "lookup", 200, 0.1, 1.0, 3, 0.5, {}), Check("raw_q", "lookup", 200, 0.9, 0.0, 0, nan, {})]
     text = takeaway(SameOutputsResult("p", "x", broken=broken, break_drafter="lookup"))
     assert "catches 0 of 1" in text and "misses raw_q" in text
+    # a p-value that underflowed to 0 read "p = 0e+00"
+    caught = [Check("correct", "lookup", 200, 0.1, 1.0, 3, 0.5, {}), Check("no_correction", "lookup", 200, 0.9, 5e3, 3, 0.0, {}),
+              Check("raw_q", "lookup", 200, 0.9, 80.0, 3, 3e-12, {})]
+    text = takeaway(SameOutputsResult("p", "x", broken=caught, break_drafter="lookup"))
+    assert "no_correction p < 1e-300" in text and "raw_q p = 3e-12" in text and "0e+00" not in text
 
 
 def test_the_cost_map_names_the_pairs_own_drafter_as_it_runs(target_model, draft_model, tok):

@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 import plotly.graph_objects as go
 
 from ..pipeline import Pipeline
-from ..view.charts import COLORS, layout
+from ..view.charts import COLORS, layout, whole_ticks
 from ..trace import Trace
 from .common import Progress, Settings, greedy_cfg, jsonable
 
@@ -118,12 +118,17 @@ def figure(res: ProductionResult) -> go.Figure:
     is short (the metric's name alone ran off a phone's width) and the bars leave room for their labels."""
     fig = go.Figure()
     rows = res.by_position
-    fig.add_bar(x=[str(i) for i in range(len(rows))], y=[k for k, _ in rows], name="kept (specviz)",
+    # numbered from 1 like the page's "Acceptance by draft position" (the same bar under two numbers
+    # confused a class); vLLM's counter numbers from 0, said in the axis title and the hover
+    fig.add_bar(x=[i + 1 for i in range(len(rows))], y=[k for k, _ in rows], name="kept (specviz)",
                 marker_color=COLORS["accepted"], text=[f"{k}/{n}" for k, n in rows], textposition="outside",
-                cliponaxis=False, hovertemplate="position %{x}: %{text} kept<extra></extra>")
+                cliponaxis=False, customdata=list(range(len(rows))),
+                hovertemplate="position %{x} (vLLM's position=%{customdata}): %{text} kept<extra></extra>")
     fig.update_yaxes(range=[0, 1.2 * max([k for k, _ in rows] + [1])])
+    fig.update_xaxes(range=[0.4, len(rows) + 0.6])
+    whole_ticks(fig, len(rows))  # positions, not -0.5, 0, 0.5, ...
     return layout(fig, "Kept tokens by draft position",
-                  "position (vLLM: …_per_pos_total{position})<br>0 = first draft token; label = kept / examined",
+                  "position in the proposal (vLLM's …_per_pos_total counts from 0)<br>label = kept / examined",
                   "kept tokens", height=280)
 
 

@@ -26,6 +26,12 @@ from .stats import fit
 # a top-2 logit margin below this is within the dtype's rounding of logits of magnitude ~10-30
 # (bfloat16 keeps 8 significant bits: steps of 0.06-0.125 there), so a split there is numerics
 NEAR_TIE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.03}
+
+
+def p_text(p: float, digits: int = 0) -> str:
+    """A broken rule's p-value with its relation: "= 3e-12", or "< 1e-300" where it underflowed to 0
+    (printed as "p = 0e+00", it read like a typo)."""
+    return "< 1e-300" if p < 1e-300 else f"= {p:.{digits}e}"
 ALPHA = 1e-3  # the p-value below which the check says "not the target's distribution"
 TOP = 8  # tokens shown in the chart (the rest pooled as "other")
 BREAK_POSITIONS = 24  # break-it looks at the first 24 new tokens of the greedy answer
@@ -182,7 +188,7 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
         c.law_tv = dist
         res.broken.append(c)
         done += 1
-        yield Progress(done, total, f"(c) {rule} at new token {j + 1}: p-value {c.p_value:.1e}", res)
+        yield Progress(done, total, f"(c) {rule} at new token {j + 1}: p-value {p_text(c.p_value, 1)}", res)
     # (d) the same greedy comparison in bfloat16 (a second copy of the target)
     if s.dtype_control and load is not None:
         yield Progress(done, total, "(d) loading a bfloat16 copy of the target and decoding in it")
@@ -217,7 +223,7 @@ def figure(res: SameOutputsResult) -> go.Figure:
     if chosen is not None:
         if control is not None and control.position == chosen.position:
             _bars(fig, control, 2, f"correct rule (p = {control.p_value:.2f})", "#b09ae6", True)  # speculative's, lighter
-        _bars(fig, chosen, 2, f"{chosen.rule} (p = {chosen.p_value:.0e})", COLORS["rejected"], False)
+        _bars(fig, chosen, 2, f"{chosen.rule} (p {p_text(chosen.p_value)})", COLORS["rejected"], False)
     fig.update_layout(barmode="group")
     fig.update_annotations(font_size=12)
     return layout(fig, f"Sampled vs the target's exact p (T = {res.temperature:g})", "", "frequency", height=330)
@@ -244,7 +250,7 @@ def takeaway(res: SameOutputsResult) -> str:
         missed = [c.rule + (f" (TV {c.law_tv:.3f} from p at most)" if c.law_tv is not None else "") for c in res.broken
                   if c.rule != "correct" and (c.passed or not c.tested)]
         ok = next((c for c in res.broken if c.rule == "correct"), None)
-        parts = ", ".join(f"{c.rule} p = {c.p_value:.0e}" for c in caught)
+        parts = ", ".join(f"{c.rule} p {p_text(c.p_value)}" for c in caught)
         lines.append(f"Break it ({res.broken[0].samples} draws per rule on the real p and q of {res.break_drafter}, "
                      f"each broken rule where it shows most among the first {BREAK_POSITIONS} answer tokens): "
                      f"the correct rule {'passes' if ok and ok.passed else 'FAILS'} (p = {ok.p_value:.2f}); "
