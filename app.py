@@ -359,7 +359,8 @@ def build_demo() -> gr.Blocks:
                             C["fig_throughput"], C["fig_position"] = gr.Plot(show_label=False), gr.Plot(show_label=False)
                         C["fig_split"] = gr.Plot(show_label=False)
                     with gr.Tab("Iteration inspector"):
-                        C["iteration"] = clamped(gr.Slider(0, 1, value=0, step=1, label="Iteration", interactive=False))
+                        C["iteration"] = clamped(gr.Slider(0, 1, value=0, step=1, label="Iteration", interactive=False,
+                                                            elem_id="sv-iteration"))
                         C["inspect_html"] = gr.HTML(tokens.inspector_html(None))
                         C["inspect_fig"] = gr.Plot(show_label=False)
                     with gr.Tab("Summary"):

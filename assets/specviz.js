@@ -24,4 +24,31 @@
   new MutationObserver(() => {
     if (!queued) { queued = true; requestAnimationFrame(settle); }
   }).observe(document.body, {childList: true, subtree: true});
+
+  // A click on a token (or Enter on it) opens its iteration in the inspector once the run has ended
+  // (the inspector's Iteration slider is live then): the inspector's tab opens and the slider moves
+  // there, which redraws the inspector as dragging it would. During a run it does nothing.
+  const inspect = (tok) => {
+    const it = tok.closest(".sv-done .sv-it");  // sv-done: the view a run (or a replay) ended with
+    if (!it || it.dataset.it === undefined) return;
+    const tab = [...document.querySelectorAll("button[role=tab]")]
+      .find((b) => b.textContent.trim() === "Iteration inspector");
+    const range = () => document.querySelector("#sv-iteration input[type=range]");
+    if (!range() && !tab) return;
+    if (range()?.disabled) return;
+    tab?.click();
+    let tries = 0;
+    const move = () => {  // the tab's content may be drawn only once the tab opens
+      const r = range();
+      if (!r) { if (++tries < 20) setTimeout(move, 50); return; }
+      if (r.disabled || r.value === it.dataset.it) return;
+      r.value = it.dataset.it;
+      r.dispatchEvent(new Event("input", {bubbles: true}));
+      r.dispatchEvent(new Event("change", {bubbles: true}));
+    };
+    move();
+  };
+  const token = (ev) => ev.target instanceof Element ? ev.target.closest("#sv-tokens .sv-tok") : null;
+  document.addEventListener("click", (ev) => { const t = token(ev); if (t) inspect(t); });
+  document.addEventListener("keydown", (ev) => { const t = ev.key === "Enter" && token(ev); if (t) inspect(t); });
 }

@@ -292,6 +292,11 @@ def load_runs(path) -> tuple[Trace, Trace | None, dict]:
             data = json.load(f)
     except UnicodeDecodeError:
         raise ValueError("not a specviz run file: it is not UTF-8 text (a run file is JSON)") from None
-    except (OSError, json.JSONDecodeError, RecursionError) as e:
+    except json.JSONDecodeError as e:  # the parser's words alone ("Expecting value: line 1 column 1") say little
+        raise ValueError(f"not a specviz run file: it is not valid JSON ({e.msg.lower()} at line {e.lineno}, "
+                         f"column {e.colno}); a run file is the JSON the page's export saves") from None
+    except RecursionError:
+        raise ValueError("not a specviz run file: its JSON is nested too deeply") from None
+    except OSError as e:
         raise ValueError(f"not a specviz run file: {e}") from None
     return runs_from_json(data)

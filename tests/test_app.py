@@ -199,7 +199,10 @@ def test_replay_reads_only_uploads(tiny_app, uploads, tmp_path):
 
 
 @pytest.mark.parametrize("content,needle", [
-    ("{not json", "not a specviz run file"),
+    ("{not json", "not a specviz run file: it is not valid JSON (expecting property name enclosed in double "
+                  "quotes at line 1, column 2)"),
+    ("", "not valid JSON (expecting value at line 1, column 1)"),
+    ("[" * 100_000, "not a specviz run file"),
     ('{"speculative": "abc"}', "speculative: expected a list"),
     ('{"nothing": []}', "no 'speculative' events"),
 ])
@@ -519,6 +522,9 @@ def test_browser_run_output_hide_drafts_and_stop(real_pipeline_factory, tmp_path
             page.get_by_role("tab", name="Charts").click()
             page.wait_for_selector(".js-plotly-plot .scatterlayer .trace", timeout=30_000)  # race chart, mid-run
             assert "done" not in page.locator("#sv-status").inner_text()
+            page.locator("#sv-tokens .sv-tok").first.click()  # mid-run a click opens nothing
+            time.sleep(0.5)
+            assert page.get_by_role("tab", name="Charts").get_attribute("aria-selected") == "true"
             for cls in ("sv-rej", "sv-res"):
                 page.wait_for_selector(f"#sv-tokens .{cls}", timeout=90_000)
             page.locator("#sv-hide input").check()
@@ -538,6 +544,14 @@ def test_browser_run_output_hide_drafts_and_stop(real_pipeline_factory, tmp_path
             page.get_by_role("tab", name="Summary").click()
             assert "Stopped" in page.locator("#sv-summary").inner_text()
             page.screenshot(path=str(tmp_path / "stopped.png"))
+            # once it has ended, a click on a token opens its iteration in the inspector (slider and table)
+            page.locator("#sv-hide input").uncheck()
+            k = min(2, n1 - 1)
+            page.locator(f"#sv-tokens .sv-done .sv-it[data-it='{k}'] .sv-tok").first.click()
+            page.wait_for_function(f"document.querySelector('.sv-inspect b')?.innerText === 'Iteration {k}'",
+                                   timeout=15_000)
+            assert page.get_by_role("tab", name="Iteration inspector").get_attribute("aria-selected") == "true"
+            assert page.locator("#sv-iteration input[type=range]").input_value() == str(k)
             # on a phone every tab stays a tab (gradio's default hid the last ones in a "more" menu)
             page.set_viewport_size({"width": 390, "height": 844})
             time.sleep(0.5)

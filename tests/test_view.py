@@ -141,6 +141,13 @@ def test_replay_frames_pace_a_saved_run_and_end_on_its_page(target_model, draft_
     assert "Greedy check: **identical to vanilla**" in live.summary
     assert "Greedy check: **identical to vanilla**" in last.summary
     assert last.result["identical"] is True
+    assert "file ends before the run did" not in last.status
+    # a file cut short (no summary) says so on the status line, not only in the Summary tab
+    from dataclasses import replace
+
+    cut = replace(spec, iterations=spec.iterations[:3], summary=None)
+    cut_last = list(replay_frames(cut, None, "x", frames=1, pause_s=0.0))[-1]
+    assert "The file ends before the run did" in cut_last.status and "the 3 iterations it holds" in cut_last.status
     last_step = vanilla.iterations[-1]
     last_step.emitted = last_step.emitted[:-1] + [last_step.emitted[-1] + 1]  # a file whose runs differ
     last = list(replay_frames(spec, vanilla, "x", frames=1, pause_s=0.0))[-1]
@@ -200,7 +207,7 @@ def test_a_long_replay_sends_fewer_frames_not_more_bytes(target_model, draft_mod
     *paced, last = list(replay_frames(spec, vanilla, "x", frames=40, pause_s=0.0))
     assert 1 <= len(paced) <= 6 < len(full) - 1
     assert sum(len(f.tokens) for f in paced) <= 3 * 2 * view  # the budget, give or take a frame
-    assert last.tokens == full[-1].tokens == tokens.tokens_html(spec.iterations)  # the end is whole
+    assert last.tokens == full[-1].tokens == tokens.tokens_html(spec.iterations, done=True)  # the end is whole
 
 
 def test_every_chart_makes_room_for_its_axis_titles_before_its_legend(target_model, draft_model, tok):
@@ -310,6 +317,10 @@ def test_the_inspector_says_when_the_runs_end_capped_gamma_and_whose_top_tokens_
             assert "under norm(max(0, p - q)) = " in tokens._correction_title(ev)
         else:
             assert "p's top tokens" in text_
+        # each listed token's probability is named ("1. 3 1" read as three numbers)
+        letter = "r" if ev.correction.kind == "resample" else "p"
+        items = re.findall(r"<li>(.*?)</li>", text_.split("<ol class='sv-top'>")[1])
+        assert len(items) == len(ev.correction.top) and all(f"</code> {letter} = " in it for it in items)
     assert "resample" in kinds and kinds - {"resample"}  # both wordings were read
 
 
@@ -386,3 +397,17 @@ def test_the_part_mark_starts_at_the_word():
     assert out.endswith(' <mark class="sv-diverge sv-sampled" title="the two outputs part here">lost</mark>')
     assert text._pieces_html(["a", " "], 1) == 'a<mark class="sv-diverge" title="the two outputs part here"> </mark>'
     assert text._pieces_html(["a", ""], 1).endswith(">∅</mark>")
+
+
+def test_the_final_token_view_marks_each_iteration_for_the_inspector(target_model, draft_model, tok):
+    """A click on a token opens its iteration in the inspector, only on the view a run ended with
+    (sv-done; assets/specviz.js): mid-run the inspector's slider is not live yet."""
+    states = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc", DecodeConfig(gamma=3, max_new_tokens=12)))
+    maker = FrameMaker(clock=iter(range(0, 10_000, 10)).__next__)
+    frames = [f for f in (maker.add(s) for s in states) if f is not None]
+    live = [f.tokens for f in frames[:-1] if f.tokens]
+    assert live and not any("sv-done" in t for t in live)
+    final = frames[-1].tokens
+    assert final.startswith('<div class="sv-tokens sv-done">')
+    marks = [int(m) for m in re.findall(r'<span class="sv-it" data-it="(\d+)"', final)]
+    assert marks == [e.index for e in states[-1].spec.iterations] == list(range(len(marks)))

@@ -167,7 +167,7 @@ class FrameMaker:
         path = self.export(spec, vanilla) if self.export and spec.start is not None else None
         return Frame(
             status=text.final_status(spec, vanilla, stopped, state.exact),
-            tokens=tokens.tokens_html(spec.iterations, self.rendered if len(self.rendered) == n else None),
+            tokens=tokens.tokens_html(spec.iterations, self.rendered if len(self.rendered) == n else None, done=True),
             output=text.output_html(spec, vanilla),
             charts=dict(zip(CHART_NAMES, charts.all_figures(spec, vanilla))),
             summary=text.summary_markdown(spec, vanilla, state.exact, stopped),
@@ -221,4 +221,7 @@ def replay_frames(spec: Trace, vanilla: Trace | None, saved: str, frames: int = 
     frame = maker.final(state, stopped=spec.summary is None)
     frame.status = (f"► replayed a saved run ({text.md(saved)}): no model was loaded. It ran "
                     f"{replayed_settings(spec)}; the settings on the left are still yours, not the file's")
+    if spec.summary is None:  # a stopped run's file, or one cut short: said here, not only in the Summary tab
+        frame.status += (f". The file ends before the run did (it was stopped, or the file was cut short): "
+                         f"what is shown covers the {text.plural(n, 'iteration')} it holds")
     yield frame

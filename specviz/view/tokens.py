@@ -22,7 +22,7 @@ LEGEND = (
     '<span class="sv-tok sv-res">resampled</span> the target\'s correction, drawn from norm(max(0, p &minus; q)) '
     '<span class="sv-tok sv-bonus">bonus</span> free extra token when all were kept, drawn from p '
     '<span class="sv-tok sv-plain">plain</span> target step with no proposal. '
-    'A box is one iteration (one target pass); hover (or tap) a token for p, q, min(1, p/q) and, in a sampled run, the draw u.'
+    'A box is one iteration (one target pass); hover (or tap) a token for p, q, min(1, p/q) and, in a sampled run, the draw u; once the run has ended, click it to open its iteration in the inspector.'
     '</div>')
 
 
@@ -115,17 +115,23 @@ def iteration_html(e: IterationEvent) -> str:
         parts.append(_tok(cls, e.correction.text, _correction_title(e)))
     kept = f"{e.accepted} of {len(e.proposed)} kept" if e.proposed else "no proposal"
     title = f"iteration {e.index}: {kept}; {e.reason}; verify {e.verify_ms:.0f} ms, draft {e.draft_ms:.0f} ms"
-    return f'<span class="sv-it" title="{_attr(title)}">{"".join(parts)}</span>'
+    # data-it: the page opens this iteration in the inspector when a token of it is clicked
+    return f'<span class="sv-it" data-it="{int(e.index)}" title="{_attr(title)}">{"".join(parts)}</span>'
 
 
 TOKENS_OPEN = '<div class="sv-tokens">'
 
 
-def tokens_html(iterations: list[IterationEvent], rendered: list[str] | None = None) -> str:
+TOKENS_DONE = '<div class="sv-tokens sv-done">'
+
+
+def tokens_html(iterations: list[IterationEvent], rendered: list[str] | None = None, done: bool = False) -> str:
     """The token view. It only grows at the end while a run streams (no closing tag is emitted,
     the browser closes it), so the page receives appends, not the whole text each time.
-    ``rendered``: iteration HTML already made (a streaming caller renders each iteration once)."""
-    return TOKENS_OPEN + "".join(rendered if rendered is not None else (iteration_html(e) for e in iterations))
+    ``rendered``: iteration HTML already made (a streaming caller renders each iteration once).
+    ``done``: the run's final view, whose tokens the page lets a click open in the inspector."""
+    return (TOKENS_DONE if done else TOKENS_OPEN) + "".join(
+        rendered if rendered is not None else (iteration_html(e) for e in iterations))
 
 
 def inspector_html(e: IterationEvent | None, gamma: int | None = None) -> str:
@@ -154,7 +160,8 @@ def inspector_html(e: IterationEvent | None, gamma: int | None = None) -> str:
                 f"<td>{cp}</td><td>-</td><td>-</td><td>{used}</td><td></td></tr>")
     src = {"resample": "norm(max(0, p &minus; q)) at the rejected position",
            "bonus": "p after the last proposal", "sample": "p"}[c.kind]
-    top = "".join(f"<li><code>{show(t)}</code> {_fmt(pr)}</li>" for _, t, pr in c.top)
+    letter = "r" if c.kind == "resample" else "p"  # "1. 3 1" read as three numbers: the token, then its probability named
+    top = "".join(f"<li><code>{show(t)}</code> {letter} = {_fmt(pr)}</li>" for _, t, pr in c.top)
     table = ("<div class='sv-scroll'><table class='sv-table'><tr><th>#</th><th>token</th><th>q(x)</th><th>p(x)</th>"
              "<th>min(1, p/q)</th><th>draw u</th><th>decision</th><th>softmax T=1 p / q</th></tr>"
              + "".join(rows) + "</table></div>")  # scrolls sideways where the page is narrower
