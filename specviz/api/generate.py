@@ -37,6 +37,17 @@ def recommended_pair(registry: Registry, target: str) -> PairSpec | None:
     return None
 
 
+def drafters_pair(registry: Registry, target: str, drafter: dict) -> PairSpec | None:
+    """The pair whose γ a named drafter runs at by default: models.yaml's pair for ``target`` with
+    that drafter (every key the name sets matches), else one with the same kind of drafter. A self-draft
+    tuned for γ 3 ran at the head pair's 10 when a request named it without a γ."""
+    pairs = [pair for pair, _ in registry.ordered_pairs() if pair.target == target]
+    for pair in pairs:
+        if all(pair.drafter.get(k) == v for k, v in drafter.items()):
+            return pair
+    return next((pair for pair in pairs if pair.drafter.get("kind") == drafter.get("kind")), None)
+
+
 def drafter_label(spec: dict) -> str:
     """A drafter spec as the ``draft_model`` shorthand (for listings and snippets)."""
     kind = spec.get("kind")
@@ -86,6 +97,9 @@ def plan(registry: Registry, req: GenRequest) -> Plan:
         drafter = drafters.parse_drafter(spec.draft_model, list(registry.models))
     except SpecvizError as e:
         raise bad(str(e), "speculative.draft_model", "unknown_draft_model") from None
+    if not spec.num_speculative_tokens:
+        own = drafters_pair(registry, req.model, drafter)
+        gamma = own.gamma if own is not None else gamma
     return Plan(req.model, spec.draft_model, drafter, gamma)
 
 
@@ -135,6 +149,10 @@ def encode(pipe: Pipeline, req: GenRequest) -> list[int]:
     if len(ids) >= context:
         raise bad(f"the prompt is {len(ids)} tokens; the model's context is {context} tokens",
                   req.prompt_param, "context_length_exceeded")
+    if req.max_tokens_param and len(ids) + req.max_tokens > context:  # as OpenAI and vLLM answer: not clipped quietly
+        raise bad(f"the prompt is {len(ids)} tokens and {req.max_tokens_param} asks for {req.max_tokens} more; the "
+                  f"model's context is {context} tokens: ask for at most {context - len(ids)}",
+                  req.max_tokens_param, "context_length_exceeded")
     return ids
 
 

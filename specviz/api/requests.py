@@ -59,6 +59,7 @@ class GenRequest:
     messages: list[dict] | None = None  # chat: [{"role", "content": str}], roles system/user/assistant
     prompt: str | None = None  # completion
     max_tokens: int = 256
+    max_tokens_param: str | None = None  # the field that set max_tokens; None: the server's default
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -227,8 +228,9 @@ def _speculative(value) -> Speculative | None:
                   "num_speculative_tokens", "speculative")
     draft = value.get("draft_model", "auto")
     if draft is not None and (not isinstance(draft, str) or not draft.strip()):
-        raise bad("speculative.draft_model must be a model name, \"lookup\", \"lookup:N\", \"early-exit:L\", "
-                  f"\"auto\" or null; got {_show(draft)}", "speculative.draft_model")
+        raise bad("speculative.draft_model must be \"auto\", a drafter (\"lookup\", \"early-exit:L\", \"recycling\", "
+                  "\"self:int8\", \"head\"...: GET /v1/models lists them), a model name, or null; got "
+                  f"{_show(draft)}", "speculative.draft_model")
     n = value.get("num_speculative_tokens")
     if n is not None:
         n = _int(n, "speculative.num_speculative_tokens", 1, MAX_SPECULATIVE_TOKENS)
@@ -276,7 +278,7 @@ def parse(body, kind: str, limits: Limits) -> GenRequest:
     if max_tokens is None:
         req.max_tokens = limits.default_max_tokens
     else:
-        req.max_tokens = _int(max_tokens, name, 1)
+        req.max_tokens, req.max_tokens_param = _int(max_tokens, name, 1), name
         if req.max_tokens > limits.max_tokens:
             raise bad(f"{name} is {req.max_tokens}; this server allows at most {limits.max_tokens} "
                       "(SPECVIZ_API_MAX_TOKENS)", name)

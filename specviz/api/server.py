@@ -58,7 +58,7 @@ class Api:
                     raise ApiError(405, f"/v1/{path} takes POST", code="method_not_allowed")
                 return await self.generate(request, "chat" if path == "chat/completions" else "completion")
             if path == "models" or path.startswith("models/"):
-                if method != "GET":
+                if method not in ("GET", "HEAD"):  # HEAD: GET's status and headers (Starlette drops the body)
                     raise ApiError(405, "/v1/models takes GET", code="method_not_allowed")
                 return self.models(path[len("models/"):] if "/" in path else None)
             raise ApiError(404, f"no such endpoint: /v1/{path} (this server offers POST /v1/chat/completions, "
@@ -119,10 +119,11 @@ class Api:
         reg = self.registry()
         plan = generate.plan(reg, req)
         if not self.runner.reserve(limits.max_queue):  # the place is this request's from here on
-            eta = self.runner.estimate_s(self.runner.queued)
-            raise ApiError(429, f"the decode queue is full ({self.runner.queued} runs); try again "
-                           f"{f'in about {eta:.0f} s' if eta else 'soon'} (SPECVIZ_API_MAX_QUEUE)", None, "queue_full",
-                           "rate_limit_error", retry_after=max(1, round(eta or 5)))
+            eta, n = self.runner.estimate_s(self.runner.queued), self.runner.queued
+            wait = max(1, round(eta or 5))  # the message and Retry-After say the same ("about 0 s" read oddly)
+            raise ApiError(429, f"the decode queue is full ({n} run{'' if n == 1 else 's'} running or waiting, "
+                           f"the page's included); try again in about {wait} s (SPECVIZ_API_MAX_QUEUE)", None,
+                           "queue_full", "rate_limit_error", retry_after=wait)
         try:
             pipe = await anyio.to_thread.run_sync(generate.load, reg, plan, self.device, self.dtype)
             ids = await anyio.to_thread.run_sync(generate.encode, pipe, req)
@@ -277,5 +278,5 @@ def routes(registry: Callable[[], Registry], runner: MainThreadRunner, device: s
     """The API's routes, for a Starlette/FastAPI app (gradio: ``launch(app_kwargs={"routes": ...})``).
     ``registry`` is called per request (so a test or a reload can swap it)."""
     api = Api(registry, runner, device, dtype)
-    methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+    methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]  # every one answered in OpenAI's shape
     return [Route("/v1/{path:path}", api.dispatch, methods=methods)]

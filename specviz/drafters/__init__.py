@@ -28,7 +28,8 @@ def kind(name: str, where: str = "drafter") -> DrafterKind:
 
 
 def parse_drafter(text: str, model_names) -> dict:
-    """The shorthand ``lookup``, ``lookup:N``, ``early-exit:L`` or a model name -> a drafter spec."""
+    """A shorthand (``lookup``, ``lookup:N``, ``early-exit:L``, ``recycling``, ``self:int8``, ``head``...: each
+    kind's aliases) or a model name -> a drafter spec."""
     head, _, arg = str(text).partition(":")
     for k in KINDS.values():
         if head in k.aliases:
