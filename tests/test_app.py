@@ -787,3 +787,13 @@ def test_sigterm_ends_the_app_with_its_exit_handlers(tmp_path, tiny_registry):
                 os.killpg(int(pidfile.read_text()), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_gradios_idle_polling_is_slowed():
+    """gradio's queue polls every 1 ms while free (~7% of a core beside a decode on 2 cores). The app
+    slows it to 20 ms; if a gradio release renames these attributes, this says so instead of the fix
+    silently doing nothing."""
+    demo = app_module.build_demo()
+    queue = demo._queue
+    assert queue.sleep_when_free >= app_module.QUEUE_POLL_S
+    assert queue.progress_update_sleep_when_free >= app_module.PROGRESS_POLL_S
