@@ -87,20 +87,18 @@ def plan(registry: Registry, req: GenRequest) -> Plan:
     if spec is None:
         return Plan(req.model)
     pair = recommended_pair(registry, req.model)
-    gamma = spec.num_speculative_tokens or (pair.gamma if pair else DEFAULT_GAMMA)
     if spec.draft_model == "auto":
         if pair is None:
             raise bad(f"models.yaml has no pair with target {req.model!r}, so \"auto\" has nothing to use: name a "
                       "draft_model (\"lookup\", \"early-exit:L\" or a model)", "speculative.draft_model")
-        return Plan(req.model, "auto", dict(pair.drafter), gamma, pair.name)
+        return Plan(req.model, "auto", dict(pair.drafter), spec.num_speculative_tokens or pair.gamma, pair.name)
     try:
         drafter = drafters.parse_drafter(spec.draft_model, list(registry.models))
     except SpecvizError as e:
         raise bad(str(e), "speculative.draft_model", "unknown_draft_model") from None
-    if not spec.num_speculative_tokens:
-        own = drafters_pair(registry, req.model, drafter)
-        gamma = own.gamma if own is not None else gamma
-    return Plan(req.model, spec.draft_model, drafter, gamma)
+    own = drafters_pair(registry, req.model, drafter) or pair  # whose γ it runs at when the request gives none
+    return Plan(req.model, spec.draft_model, drafter,
+                spec.num_speculative_tokens or (own.gamma if own is not None else DEFAULT_GAMMA))
 
 
 def load(registry: Registry, p: Plan, device: str = "auto", dtype: str = "auto") -> Pipeline:

@@ -24,7 +24,6 @@ acceptance rule sees a real q; under greedy it is one-hot. Either way the rule i
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from pathlib import Path
@@ -284,7 +283,6 @@ class HeadDrafter(BandedLookupDrafter):
     """A trained draft head chained on its own predictions, optionally with prompt lookup + datastore."""
 
     kind = "head"
-    fixed_chain = False  # True: the Lab's fixed-γ copy (fixed()), the head chained as far as asked
     # chance a head token is kept, per band of the head's top probability there: the first of a chain,
     # and a later one after a kept one (measured by scripts/train_draft_head.py on held-out answers)
     PRIOR_FIRST = (0.12, 0.3, 0.5, 0.7, 0.87, 0.97)
@@ -315,7 +313,7 @@ class HeadDrafter(BandedLookupDrafter):
         if priors is not None:
             self.PRIOR_FIRST, self.PRIOR_NEXT = tuple(priors[0]), tuple(priors[1])
         super().__init__(max_ngram, min_ngram, True, datastore=datastore)  # calls reset()
-        self._label = label
+        self.own_label = label
         parts = [f"{label} ({len(vocab):,}-token vocabulary)"]
         if lookup:
             parts.append(self.name)
@@ -466,14 +464,6 @@ class HeadDrafter(BandedLookupDrafter):
                 reason = what + f": proposing {g} (expects {e:.2f} tokens for {e / val:.2f}x a step)"
         return Proposal(out, torch.stack(q_rows) if q_rows else None, raw, reason, t.ms)
 
-    def fixed(self) -> "HeadDrafter":
-        """The head alone, chained for as many tokens as asked: no lookup, no stopping rule."""
-        d = copy.copy(self)
-        d.fixed_chain, d.lookup = True, False
-        d.name = self.name.split(" + ")[0] + ", alone, fixed length"
-        d.reset([])
-        return d
-
     def _chain(self, ids, max_tokens, sampling, generator) -> Proposal:
         with Timer(torch.device("cpu")) as t:
             self._last, self._bands, self._rel = None, [], None
@@ -492,9 +482,6 @@ class HeadDrafter(BandedLookupDrafter):
             reason = (f"draft head, fixed length: proposing {len(out)}" if out else
                       "no room left" if max_tokens <= 0 else "no head state: plain step")
         return Proposal(out, torch.stack(q_rows) if q_rows else None, raw, reason, t.ms)
-
-    def label(self) -> str:
-        return self._label + (" + " + super().label() if self.lookup else "")
 
     def describe(self) -> dict:
         d = super().describe()

@@ -3,6 +3,7 @@ own earlier answers (:mod:`specviz.drafters.datastore`)."""
 
 from __future__ import annotations
 
+import copy
 import os
 from collections import Counter
 from pathlib import Path
@@ -312,6 +313,19 @@ class BandedLookupDrafter(PromptLookupDrafter):
     BANDS: tuple[float, ...] = (0.0,)  # lower edges of the confidence bands
     PRIOR_FIRST: tuple[float, ...] = (0.5,)
     PRIOR_NEXT: tuple[float, ...] = (0.5,)
+    own_label = "own drafter"  # the short name of its own drafter ("draft head", "recycling")
+    fixed_chain = False  # True: the Lab's fixed-γ copy (fixed()), its own chain alone, as far as asked
+
+    def fixed(self) -> "BandedLookupDrafter":
+        """Its own chain alone, as many tokens as asked where it can: no lookup, no length choice."""
+        d = copy.copy(self)
+        d.fixed_chain, d.lookup = True, False
+        d.name = self.name.split(" + ")[0] + ", alone, fixed length"
+        d.reset([])
+        return d
+
+    def label(self) -> str:
+        return self.own_label + (" + " + super().label() if self.lookup else "")
 
     def reset(self, prompt_ids: list[int]) -> None:
         super().reset(prompt_ids)

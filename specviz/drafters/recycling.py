@@ -17,8 +17,6 @@ deterministic), so the acceptance rule is exact as for any drafter.
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import torch
 
@@ -38,7 +36,7 @@ class RecyclingDrafter(BandedLookupDrafter):
     """Token Recycling's successor table, optionally with prompt lookup + datastore beside it."""
 
     kind = "recycling"
-    fixed_chain = False  # True: the Lab's fixed-γ copy (fixed()), the recycled chain as far as it goes
+    own_label = "recycling"
     # chance a recycled token is kept, per band of its harvested probability: the first of a chain,
     # and a later one after a kept one (measured with scripts/recycling_stats.py on greedy answers
     # to prompts the benchmark leaves out: --skip 3 --per-category 1, 1,200 positions)
@@ -145,18 +143,6 @@ class RecyclingDrafter(BandedLookupDrafter):
                 self._last, self._bands = key, bands or []
                 reason = what + f": proposing {g} (expects {e:.2f} tokens for {e / val:.2f}x a step)"
         return Proposal(out, None, [1.0] * len(out), reason, t.ms)
-
-    def fixed(self) -> "RecyclingDrafter":
-        """The recycled chain alone, as far as asked where the table has successors: no lookup, no
-        length choice."""
-        d = copy.copy(self)
-        d.fixed_chain, d.lookup = True, False
-        d.name = self.name.split(" + ")[0] + ", alone, fixed length"
-        d.reset([])
-        return d
-
-    def label(self) -> str:
-        return "recycling" + (" + " + super().label() if self.lookup else "")
 
     def describe(self) -> dict:
         d = super().describe()

@@ -26,15 +26,15 @@ from .stats import fit
 # a top-2 logit margin below this is within the dtype's rounding of logits of magnitude ~10-30
 # (bfloat16 keeps 8 significant bits: steps of 0.06-0.125 there), so a split there is numerics
 NEAR_TIE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.03}
+ALPHA = 1e-3  # the p-value below which the check says "not the target's distribution"
+TOP = 8  # tokens shown in the chart (the rest pooled as "other")
+BREAK_POSITIONS = 24  # break-it looks at the first 24 new tokens of the greedy answer
 
 
 def p_text(p: float, digits: int = 0) -> str:
     """A broken rule's p-value with its relation: "= 3e-12", or "< 1e-300" where it underflowed to 0
     (printed as "p = 0e+00", it read like a typo)."""
     return "< 1e-300" if p < 1e-300 else f"= {p:.{digits}e}"
-ALPHA = 1e-3  # the p-value below which the check says "not the target's distribution"
-TOP = 8  # tokens shown in the chart (the rest pooled as "other")
-BREAK_POSITIONS = 24  # break-it looks at the first 24 new tokens of the greedy answer
 
 
 @dataclass
