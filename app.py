@@ -7,6 +7,7 @@ import html
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -176,8 +177,8 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                     pipe = item
         else:
             yield {C["status"]: f"● preparing the {md(str(spec.drafter.get('kind', 'pair')))} drafter…"}
-            pipe = build_pipeline(REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
-                                  device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
+            pipe = RUNNER.call(build_pipeline, REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
+                               device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)  # loads on the decode thread
         if halt.is_set():  # stopped while the drafter was being prepared
             yield {C["status"]: STOPPED_EARLY}
             return
@@ -434,7 +435,7 @@ def lab_tab(inputs: dict) -> None:
             pair, custom_target, custom_drafter = _chosen(pair, target, drafter, prompt)
             load = partial(build_pipeline, REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
                            device=DEVICE)
-            pipe = load(dtype=DTYPE)
+            pipe = RUNNER.call(load, dtype=DTYPE)  # on the decode thread, as a run's own loads are
             s = Settings(prompt=prompt, chat=bool(chat), seed=typed_seed(seed), temperature=float(temperature or 0),
                          variant=variant)
             stream = RUNNER.turns(lambda: mod.run(pipe, s, load),
@@ -543,12 +544,15 @@ def api_panel(demo, pair, target, drafter, prompt, chat, gamma, temperature, top
           show_progress="hidden", queue=False)
 
 
-def preload(pair: str = REGISTRY.default()) -> None:
+def preload(pair: str = REGISTRY.default(), await_server: bool = False) -> None:
     """Load the default pair's weights in the background so the first Run is quick, then measure
     its cost profile in the decode queue: on the thread that runs decode (a worker thread's
-    profile came out 3-5% off), and never beside a first Run, whose timings it would skew."""
+    profile came out 3-5% off), and never beside a first Run, whose timings it would skew.
+    ``await_server``: wait until the main thread serves the decode queue, and load there too."""
     try:
-        pipe = build_pipeline(REGISTRY, pair=pair, device=DEVICE, dtype=DTYPE)
+        while await_server and not RUNNER.serving:
+            time.sleep(0.05)
+        pipe = RUNNER.call(build_pipeline, REGISTRY, pair=pair, device=DEVICE, dtype=DTYPE)
 
         def warm():
             pipe.warm_up(max_gamma=16)
@@ -574,7 +578,7 @@ demo = build_demo()
 if __name__ == "__main__":
     exit_on_sigterm()
     if os.environ.get("SPECVIZ_PRELOAD", "1") == "1":
-        threading.Thread(target=preload, daemon=True).start()
+        threading.Thread(target=preload, kwargs={"await_server": not ZERO_GPU}, daemon=True).start()
     server = os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0")
     if ZERO_GPU:  # ZeroGPU runs handlers in forked GPU workers: decode there
         demo.launch(server_name=server, **launch_kwargs())

@@ -1,4 +1,4 @@
-"""Why the page decodes slower than the CLI: the same run through the app's decode queue, with the
+"""Why the page decoded slower than the CLI: the same run through the app's decode queue, with the
 consumer the page uses and with lighter ones, timed by the engine's own clock (the mean target
 pass, which leaves out the time the consumer holds the stream).
 
@@ -6,8 +6,15 @@ pass, which leaves out the time the consumer holds the stream).
 
 Each round runs, alternated: the run on the main thread with no consumer thread ("direct"), then
 through MainThreadRunner consumed by a worker thread that does nothing, keeps the states, renders
-each iteration's HTML (tokens.iteration_html), or runs the page's FrameMaker. Prints the mean pass
-(ms) of the speculative and the vanilla run for each.
+each iteration's HTML (tokens.iteration_html, which reads the events' deferred fields), runs the
+page's FrameMaker, or runs one torch softmax. Prints the mean pass (ms) of the speculative and the
+vanilla run for each.
+
+What it found: a torch operator run in the consumer's thread, even once, made every later pass on
+the main thread ~30% slower (the events' deferred raw probabilities were a softmax there). Now the
+deferred fields use numpy, and while the runner serves, a thread that starts using torch gets one
+intra-op thread (mainthread.py). To see the slowdown again, run this with the runner of before
+(``git show 9131186:specviz/mainthread.py``): the torch consumer's passes take ~30% longer.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from specviz.engine import DecodeConfig  # noqa: E402
@@ -73,8 +81,13 @@ def main() -> None:
         out: list[str] = []
         return lambda s: out.append(tokens.iteration_html(s.last)) if s.last is not None else None
 
+    def torch_once():
+        done = []
+        return lambda s: done or done.append(torch.ones(8, 49152).softmax(-1))
+
     consumers = {"nothing": lambda: (lambda s: None), "keep states": lambda: [].append,
-                 "iteration HTML": html_of_each_iteration, "FrameMaker": lambda: frames.FrameMaker().add}
+                 "iteration HTML": html_of_each_iteration, "FrameMaker": lambda: frames.FrameMaker().add,
+                 "a torch softmax, once": torch_once}
     results: dict[str, list[tuple[float, float]]] = {}
     for _ in range(args.rounds):
         s = direct()

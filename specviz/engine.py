@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from .acceptance import verify_logits
@@ -141,10 +142,17 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
     return [int(i) for i in ids]
 
 
-def _tops(rows: torch.Tensor, n: int = TOP_N) -> list[list[tuple[int, float]]]:
+def _tops(rows: torch.Tensor | np.ndarray, n: int = TOP_N) -> list[list[tuple[int, float]]]:
     """Each row's top ``n`` tokens (id, probability), zeros left out, from one top-k over the rows."""
-    vals, idx = torch.topk(rows, min(n, rows.shape[-1]), dim=-1)
-    return [[(i, round(v, 6)) for i, v in zip(ids, vs) if v > 0] for vs, ids in zip(vals.tolist(), idx.tolist())]
+    n = min(n, rows.shape[-1])
+    if isinstance(rows, np.ndarray):
+        idx = np.argpartition(-rows, n - 1, axis=-1)[:, :n]
+        vals = np.take_along_axis(rows, idx, -1)
+        order = np.argsort(-vals, axis=-1, kind="stable")
+        vals, idx = np.take_along_axis(vals, order, -1).tolist(), np.take_along_axis(idx, order, -1).tolist()
+    else:
+        vals, idx = (t.tolist() for t in torch.topk(rows, n, dim=-1))
+    return [[(i, round(v, 6)) for i, v in zip(ids, vs) if v > 0] for vs, ids in zip(vals, idx)]
 
 
 def _named(tops: list[list[tuple[int, float]]], texts: TokenText, contexts: list[list[int]]) -> list[list[list]]:
@@ -192,9 +200,20 @@ class RawStats:
         logits = slot.pop("logits")
         self.pending.pop(id(slot), None)
         self.rows -= logits.shape[0]
-        raw = logits.float().softmax(dim=-1)
+        raw = _softmax(logits)
         slot["tops"] = _tops(raw[: slot["n_top"]])
-        slot["p_raw"] = _at(raw, slot["tokens"])
+        slot["p_raw"] = raw[np.arange(len(slot["tokens"])), slot["tokens"]].tolist()
+
+
+def _softmax(logits: torch.Tensor) -> np.ndarray:
+    """The rows' softmax in numpy. It runs in the consumer's thread (a web server's worker), and a
+    torch operator there, even once, made every later target pass on the decode thread ~30% slower
+    on a 2-core CPU, vanilla ones included (mainthread.py, scripts/page_speed_probe.py). numpy's
+    elementwise and reduction kernels start no threads. fp32 on the CPU: a view, no copy."""
+    x = logits.detach()
+    x = (x if x.dtype == torch.float32 else x.float()).cpu().numpy()
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def _correction(token: int, kind: str, p: torch.Tensor, texts: TokenText, context: list[int],

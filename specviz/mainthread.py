@@ -1,12 +1,18 @@
 """Run decoding on the main thread while a web server's worker threads consume it.
 
-On this kind of CPU build (MKL + GNU OpenMP), torch's intra-op parallelism is only effective
-on the process's main thread: the same matmul runs about 2.5x slower when called from another
-thread (measured: 50 us on the main thread, 116 us in a worker thread, 125 us with one thread).
-Web frameworks run handlers in worker threads, so a UI that decodes there is much slower than
-the CLI.  ``MainThreadRunner`` fixes that: the main thread serves a job queue, a handler streams
-the items of a generator that runs there.  Without ``serve_forever`` (tests, notebooks) the
-generator simply runs in the caller's thread.
+On this kind of CPU build (MKL + GNU OpenMP), torch's intra-op parallelism is only effective on
+one thread: the same matmul takes 50 us on the main thread and 116 us in a worker thread (125 us
+with one thread), and once another thread has run a parallel operator, even one softmax, every
+later target pass of the main thread is ~30% slower (measured on a 2-core CPU with
+``scripts/page_speed_probe.py``: 66-69 ms against 50-53; the OpenMP wait policy and spin count
+change nothing, so the cause is not spinning). Web frameworks run handlers in worker threads, so a
+UI that decodes there, or only touches torch there, is much slower than the CLI.
+
+``MainThreadRunner`` fixes that: the main thread serves a job queue; a handler streams the items of
+a generator that runs there (``stream``/``turns``) or has a function run there (``call``: model
+loads, whose exactness checks must also run at the decode thread's thread count). While it serves,
+threads that start using torch get one intra-op thread (no team), so stray work elsewhere does not
+slow decoding. Without ``serve_forever`` (tests, notebooks) everything runs in the caller's thread.
 
 The two threads work in lockstep: the generator is advanced only when the consumer asks for
 the next item, so while a UI draws an iteration the decoder is paused (and, since the engine
@@ -19,7 +25,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
+
+import torch
 
 
 class MainThreadRunner:
@@ -36,6 +44,7 @@ class MainThreadRunner:
         self._next_ticket = 0
         self._reserved = 0  # places promised by reserve() whose runs have not taken their ticket yet
         self.recent_s: list[float] = []  # how long the last runs held the queue (for estimates)
+        self._thread: threading.Thread | None = None  # the serving thread
 
     @property
     def queued(self) -> int:
@@ -110,7 +119,13 @@ class MainThreadRunner:
             self.done(ticket, time.perf_counter() - t0 if t0 is not None else None)
 
     def serve_forever(self, poll_s: float = 0.5, until: threading.Event | None = None) -> None:
-        """Execute jobs on this (the main) thread until interrupted (or ``until`` is set)."""
+        """Execute jobs on this (the main) thread until interrupted (or ``until`` is set). Meanwhile
+        torch's intra-op threads are this thread's alone: threads that first use torch while it
+        serves get one (see the module's doc)."""
+        self._thread = threading.current_thread()
+        threads, others = torch.get_num_threads(), _default_threads()
+        torch.set_num_threads(threads)  # this thread's own count, kept whatever the default becomes
+        _set_default_threads(1)
         self.serving = True
         try:
             while until is None or not until.is_set():
@@ -121,10 +136,40 @@ class MainThreadRunner:
                 job()
         finally:
             self.serving = False
+            self._thread = None
+            _set_default_threads(others)
+
+    def on_serving_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
+        """``fn(*args, **kwargs)`` run on the serving thread (after the job it may be running: a load
+        waits for the run that holds the queue), its result returned or its exception raised here.
+        Inline where nothing serves, or on the serving thread itself."""
+        if not self.serving or self.on_serving_thread():
+            return fn(*args, **kwargs)
+        box: dict = {}
+        done = threading.Event()
+
+        def job() -> None:
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as e:  # raised in the caller's thread below
+                box["error"] = e
+            finally:
+                done.set()
+
+        self._jobs.put(job)
+        while not done.wait(self.WAIT_S):
+            if not self.serving:  # the server stopped before it ran the job
+                raise RuntimeError("the decode thread stopped before it could run this")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
     def stream(self, make: Callable[[], Iterator]) -> Iterator:
         """Yield the items of ``make()``, computed on the serving thread when there is one."""
-        if not self.serving:
+        if not self.serving or self.on_serving_thread():
             yield from make()
             return
         out: queue.Queue = queue.Queue()
@@ -167,6 +212,24 @@ class MainThreadRunner:
         finally:
             stop.set()  # the consumer went away (done, or Stop): the job ends at its next item,
             want.release()  # at once: woken here, not at its next check, so the next run starts now
+
+
+def _default_threads() -> int:
+    """The intra-op thread count a thread gets when it first uses torch (torch keeps one per thread,
+    each set from this default on first use)."""
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.update(n=torch.get_num_threads()))
+    t.start()
+    t.join()
+    return box["n"]
+
+
+def _set_default_threads(n: int) -> None:
+    """Set that default from a thread of its own: ``torch.set_num_threads`` also sets the calling
+    thread's count, which must stay as it is in every thread that runs."""
+    t = threading.Thread(target=torch.set_num_threads, args=(n,))
+    t.start()
+    t.join()
 
 
 class StopFlag(threading.Event):

@@ -603,8 +603,8 @@ def test_the_token_view_follows_a_live_run_unless_the_reader_scrolled_up():
 
 
 def test_preload_measures_the_cost_profile_in_the_decode_queue(monkeypatch):
-    """The start-up preload loads in the background but warms up (measures the cost profile)
-    as a job of the decode queue: on the thread that serves decode, never beside a Run."""
+    """The start-up preload loads and warms up (measures the cost profile) as jobs of the decode
+    queue: on the thread that serves decode, never beside a Run."""
     import threading
 
     from specviz.mainthread import MainThreadRunner
@@ -621,13 +621,13 @@ def test_preload_measures_the_cost_profile_in_the_decode_queue(monkeypatch):
     while not runner.serving:
         pass
     monkeypatch.setattr(app_module, "RUNNER", runner)
-    monkeypatch.setattr(app_module, "build_pipeline", lambda *a, **k: Pipe())
-    loader = threading.Thread(target=app_module.preload)
+    monkeypatch.setattr(app_module, "build_pipeline", lambda *a, **k: seen.update(load=threading.get_ident()) or Pipe())
+    loader = threading.Thread(target=app_module.preload, kwargs={"await_server": True})
     loader.start()
     loader.join(30)
     until.set()
     server.join()
-    assert seen == {"thread": server.ident, "gamma": 16}
+    assert seen == {"load": server.ident, "thread": server.ident, "gamma": 16}  # loads there too (mainthread.py)
 
 
 def test_model_menus_tag_hub_models_and_the_pair_text_says_what_runs(tiny_app):

@@ -127,3 +127,46 @@ def test_a_finished_consumer_frees_the_serving_thread_at_once(served):
     threading.Thread(target=lambda: (list(runner.stream(counting(3))), done.set()), daemon=True).start()
     assert done.wait(10), "the serving thread stayed with the finished job"
     assert log == ["closed"]
+
+
+def test_call_runs_on_the_serving_thread_and_brings_back_its_result_or_error(served):
+    """Model loads go through ``call``: their exactness checks run at the decode thread's thread
+    count, and no torch work starts an OpenMP team in a handler's thread."""
+    runner, server_tid = served
+    assert runner.call(lambda a, b=0: (a + b, threading.get_ident()), 2, b=3) == (5, server_tid)
+    with pytest.raises(ValueError, match="bad load"):
+        runner.call(lambda: (_ for _ in ()).throw(ValueError("bad load")))
+
+    def nested():  # a job that loads (the Lab's runs do): inline, not queued behind itself
+        yield runner.call(threading.get_ident)
+    assert list(runner.stream(nested)) == [server_tid]
+    assert MainThreadRunner().call(threading.get_ident) == threading.get_ident()  # nothing serves: inline
+
+
+def test_while_serving_only_the_serving_thread_runs_torch_on_several_threads():
+    """A torch operator run once in another thread made every later target pass on the decode
+    thread ~30% slower (a second OpenMP team on a 2-core CPU). While the runner serves, a thread
+    that starts using torch gets one intra-op thread; the serving thread keeps its own count; the
+    default comes back when serving ends."""
+    import torch
+
+    def fresh_count() -> int:
+        box = {}
+        t = threading.Thread(target=lambda: box.update(n=torch.get_num_threads()))
+        t.start()
+        t.join()
+        return box["n"]
+
+    before = fresh_count()
+    runner, until = MainThreadRunner(), threading.Event()
+    server = threading.Thread(target=runner.serve_forever, kwargs={"poll_s": 0.05, "until": until})
+    server.start()
+    while not runner.serving:
+        pass
+    try:
+        assert runner.call(torch.get_num_threads) == before
+        assert fresh_count() == 1
+    finally:
+        until.set()
+        server.join()
+    assert fresh_count() == before

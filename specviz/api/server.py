@@ -124,14 +124,14 @@ class Api:
             raise ApiError(429, f"the decode queue is full ({n} run{'' if n == 1 else 's'} running or waiting, "
                            f"the page's included); try again in about {wait} s (SPECVIZ_API_MAX_QUEUE)", None,
                            "queue_full", "rate_limit_error", retry_after=wait)
-        try:
-            pipe = await anyio.to_thread.run_sync(generate.load, reg, plan, self.device, self.dtype)
+        asked = time.perf_counter()
+        try:  # models load on the decode thread (torch work elsewhere slows decoding: mainthread.py)
+            pipe = await anyio.to_thread.run_sync(self.runner.call, generate.load, reg, plan, self.device, self.dtype)
             ids = await anyio.to_thread.run_sync(generate.encode, pipe, req)
             cfg = generate.config(req, plan)
         except BaseException:
             self.runner.unreserve()
             raise
-        asked = time.perf_counter()
         turns = Turns(self.runner, lambda: generate.decode(pipe, ids, cfg, plan, req.stop,
                                                            time.perf_counter() - asked), reserved=True)
         reply = Reply(req, len(ids))
