@@ -312,3 +312,35 @@ def test_a_near_tie_is_judged_by_the_targets_dtype():
     assert "NOT a near tie" in Exactness(False, 3, 1, 2, 0.0156).describe()
     assert "a near tie (numerics)" in Exactness(False, 3, 1, 2, 0.0156, dtype="bfloat16").describe()
     assert "NOT a near tie" in Exactness(False, 3, 1, 2, 1.0, dtype="bfloat16").describe()
+
+
+def test_a_model_checked_at_another_thread_count_is_checked_again_where_it_decodes():
+    """The exact mode's checks run at load, at the loading thread's thread count; a model loaded in a
+    one-thread thread and decoded on a two-thread one is checked again when a run starts there (a
+    safety net: the app loads on its decode thread), and greedy decoding still equals vanilla."""
+    import threading
+
+    from specviz.backends.transformers import recheck_kernels
+    from specviz.mainthread import _default_threads, _set_default_threads
+
+    model, tok = tiny_llama(seed=5, layers=2, hidden=64), tiny_tokenizer()
+    others = _default_threads()
+
+    def load_with_one_thread():
+        torch.set_num_threads(1)
+        exact.enable(model)
+    t = threading.Thread(target=load_with_one_thread)
+    t.start()
+    t.join()
+    _set_default_threads(others)
+    assert model._svz_threads == 1
+    lm = CachedLM(model, len(tok))
+    ids = [int(t) for t in tok("a b c a b c a b", add_special_tokens=False)["input_ids"]]
+    cfg = DecodeConfig(gamma=4, max_new_tokens=24)
+    spec = list(speculative_decode(lm, PromptLookupDrafter(), tok, ids, cfg))[-1].output_ids
+    assert exact.is_exact(model) and model._svz_threads == torch.get_num_threads()
+    assert spec == list(vanilla_decode(lm, tok, ids, cfg))[-1].output_ids
+    assert not recheck_kernels(model)  # checked at this count now: nothing to do
+    if torch.get_num_threads() > 1:  # the first run did recheck
+        model._svz_threads = 1
+        assert recheck_kernels(model) and model._svz_threads == torch.get_num_threads()

@@ -396,6 +396,7 @@ def enable(model: torch.nn.Module) -> int:
     model.set_attn_implementation(ATTENTION)
     model._svz_exact = True
     model._svz_lean = _lean_layers(model, dnn, gen, policy_of)
+    model._svz_threads = torch.get_num_threads()  # what the checks ran at (CachedLM.reset compares)
     return len(layers)
 
 
@@ -415,6 +416,7 @@ def disable(model: torch.nn.Module) -> None:
     model.__dict__.pop("_svz_attention", None)
     model.__dict__.pop("_svz_norms", None)
     model.__dict__.pop("_svz_lean", None)
+    model.__dict__.pop("_svz_threads", None)
     if getattr(model, "_svz_exact", False):
         model.set_attn_implementation(getattr(model, "_svz_attn_before", None) or "sdpa")
         model._svz_exact = False
