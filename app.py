@@ -177,8 +177,12 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                     pipe = item
         else:
             yield {C["status"]: f"● preparing the {md(str(spec.drafter.get('kind', 'pair')))} drafter…"}
-            pipe = RUNNER.call(build_pipeline, REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
-                               device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)  # loads on the decode thread
+            # models load on the decode thread (mainthread.py); waiting, the handler gives its thread back
+            job = RUNNER.submit(build_pipeline, REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
+                                device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
+            for _ in RUNNER.wait(job, halt):
+                yield gr.skip()
+            pipe = None if job.cancelled() else job.result()
         if halt.is_set():  # stopped while the drafter was being prepared
             yield {C["status"]: STOPPED_EARLY}
             return
@@ -435,7 +439,13 @@ def lab_tab(inputs: dict) -> None:
             pair, custom_target, custom_drafter = _chosen(pair, target, drafter, prompt)
             load = partial(build_pipeline, REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
                            device=DEVICE)
-            pipe = RUNNER.call(load, dtype=DTYPE)  # on the decode thread, as a run's own loads are
+            job = RUNNER.submit(load, dtype=DTYPE)  # on the decode thread, as the experiment's own loads are
+            for _ in RUNNER.wait(job, halt):
+                yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            if job.cancelled():
+                yield f"■ stopped: **{title}** (stopped before anything was measured)", gr.skip(), gr.skip(), gr.skip()
+                return
+            pipe = job.result()
             s = Settings(prompt=prompt, chat=bool(chat), seed=typed_seed(seed), temperature=float(temperature or 0),
                          variant=variant)
             stream = RUNNER.turns(lambda: mod.run(pipe, s, load),

@@ -25,6 +25,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Iterator
 
 import torch
@@ -123,9 +125,8 @@ class MainThreadRunner:
         torch's intra-op threads are this thread's alone: threads that first use torch while it
         serves get one (see the module's doc)."""
         self._thread = threading.current_thread()
-        threads, others = torch.get_num_threads(), _default_threads()
-        torch.set_num_threads(threads)  # this thread's own count, kept whatever the default becomes
-        _set_default_threads(1)
+        torch.set_num_threads(torch.get_num_threads())  # this thread's own count, whatever the default becomes
+        _serving_starts()
         self.serving = True
         try:
             while until is None or not until.is_set():
@@ -137,35 +138,53 @@ class MainThreadRunner:
         finally:
             self.serving = False
             self._thread = None
-            _set_default_threads(others)
+            _serving_ends()
+            while True:  # calls still waiting will not run: their callers hear so now
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if getattr(job, "future", None) is not None:
+                    job.future.cancel()
 
     def on_serving_thread(self) -> bool:
         return threading.current_thread() is self._thread
 
-    def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
-        """``fn(*args, **kwargs)`` run on the serving thread (after the job it may be running: a load
-        waits for the run that holds the queue), its result returned or its exception raised here.
-        Inline where nothing serves, or on the serving thread itself."""
+    def submit(self, fn: Callable[..., Any], *args, **kwargs) -> Future:
+        """``fn(*args, **kwargs)`` as a job of the serving thread, after the job it may be running (a
+        load waits for the run that holds the queue); a Future of its result. Cancelling the Future
+        before the job starts skips it (Stop). Where nothing serves, or on the serving thread itself,
+        it runs at once, in the caller's thread."""
+        fut: Future = Future()
         if not self.serving or self.on_serving_thread():
-            return fn(*args, **kwargs)
-        box: dict = {}
-        done = threading.Event()
+            _run_into(fut, fn, args, kwargs)
+            return fut
 
         def job() -> None:
-            try:
-                box["value"] = fn(*args, **kwargs)
-            except BaseException as e:  # raised in the caller's thread below
-                box["error"] = e
-            finally:
-                done.set()
-
+            if fut.set_running_or_notify_cancel():
+                _run_into(fut, fn, args, kwargs)
+        job.future = fut
         self._jobs.put(job)
-        while not done.wait(self.WAIT_S):
-            if not self.serving:  # the server stopped before it ran the job
-                raise RuntimeError("the decode thread stopped before it could run this")
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
+        return fut
+
+    def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
+        """``submit``, waiting here for the result (or the exception, raised here)."""
+        try:
+            return self.submit(fn, *args, **kwargs).result()
+        except CancelledError:
+            raise RuntimeError("the decode thread stopped before it could run this") from None
+
+    def wait(self, fut: Future, stop: threading.Event | None = None, every_s: float = 0.5) -> Iterator[None]:
+        """Yield every ``every_s`` while ``fut`` is not done, so that a web handler (a generator)
+        gives its worker thread back between checks instead of holding it through another run; when
+        ``stop`` is set before the job starts, cancel it and end. Then read ``fut.result()``."""
+        while not fut.done():
+            if stop is not None and stop.is_set() and fut.cancel():
+                return
+            try:
+                fut.exception(timeout=every_s)
+            except FutureTimeout:
+                yield
 
     def stream(self, make: Callable[[], Iterator]) -> Iterator:
         """Yield the items of ``make()``, computed on the serving thread when there is one."""
@@ -191,8 +210,11 @@ class MainThreadRunner:
                     except StopIteration:
                         return
                     out.put(("item", item))
-            except BaseException as e:  # handed to the consumer, raised there
+            except Exception as e:  # handed to the consumer, raised there
                 out.put(("error", e))
+            except BaseException as e:  # Ctrl-C, SIGTERM: the consumer hears of it, and the serving thread stops
+                out.put(("error", e))
+                raise
             finally:
                 if gen is not None and hasattr(gen, "close"):
                     gen.close()
@@ -212,6 +234,35 @@ class MainThreadRunner:
         finally:
             stop.set()  # the consumer went away (done, or Stop): the job ends at its next item,
             want.release()  # at once: woken here, not at its next check, so the next run starts now
+
+
+def _run_into(fut: Future, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    try:
+        fut.set_result(fn(*args, **kwargs))
+    except Exception as e:  # raised in the caller's thread (fut.result())
+        fut.set_exception(e)
+    except BaseException as e:  # Ctrl-C, SIGTERM: the caller hears of it, and the serving thread stops
+        fut.set_exception(e)
+        raise
+
+
+_SERVING = {"count": 0, "default": 0}  # runners serving now, and the thread default before the first
+_SERVING_LOCK = threading.Lock()
+
+
+def _serving_starts() -> None:
+    with _SERVING_LOCK:
+        if _SERVING["count"] == 0:
+            _SERVING["default"] = _default_threads()
+            _set_default_threads(1)
+        _SERVING["count"] += 1
+
+
+def _serving_ends() -> None:
+    with _SERVING_LOCK:
+        _SERVING["count"] -= 1
+        if _SERVING["count"] == 0:
+            _set_default_threads(_SERVING["default"])
 
 
 def _default_threads() -> int:

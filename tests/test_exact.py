@@ -314,16 +314,18 @@ def test_a_near_tie_is_judged_by_the_targets_dtype():
     assert "NOT a near tie" in Exactness(False, 3, 1, 2, 1.0, dtype="bfloat16").describe()
 
 
-def test_a_model_checked_at_another_thread_count_is_checked_again_where_it_decodes():
-    """The exact mode's checks run at load, at the loading thread's thread count; a model loaded in a
-    one-thread thread and decoded on a two-thread one is checked again when a run starts there (a
-    safety net: the app loads on its decode thread), and greedy decoding still equals vanilla."""
+def test_a_model_checked_at_another_thread_count_is_checked_again_where_it_decodes(monkeypatch):
+    """The exact mode's row-invariance checks run at load, at the loading thread's thread count; a
+    model loaded in a one-thread thread and decoded on another count is checked again when a run
+    starts there (a safety net: the app loads on its decode thread), once per layer shape, not again
+    for an early-exit view sharing its layers; greedy decoding still equals vanilla. Where the check
+    fails there, every run refuses (never a quiet fallback to kernels that are not exact)."""
     import threading
 
-    from specviz.backends.transformers import recheck_kernels
+    from specviz.drafters import EarlyExitDrafter
     from specviz.mainthread import _default_threads, _set_default_threads
 
-    model, tok = tiny_llama(seed=5, layers=2, hidden=64), tiny_tokenizer()
+    model, tok = tiny_llama(seed=5, layers=4, hidden=64), tiny_tokenizer()
     others = _default_threads()
 
     def load_with_one_thread():
@@ -333,14 +335,31 @@ def test_a_model_checked_at_another_thread_count_is_checked_again_where_it_decod
     t.start()
     t.join()
     _set_default_threads(others)
-    assert model._svz_threads == 1
+    layers = [m for m in model.modules() if isinstance(m, exact.ExactLinear)]
+    assert layers and {m._svz_threads for m in layers} == {1} and model._svz_checked_at == 1
+    n = torch.get_num_threads()
+    if n == 1:  # a one-core runner: make the load's count another one
+        for m in layers + [getattr(x, a) for x in model.modules() for a in ("_svz_qkv", "_svz_gate_up") if hasattr(x, a)]:
+            m._svz_threads = 7
+        model._svz_checked_at = 7
+    checks = []
+    real = exact._row_invariant
+    monkeypatch.setattr(exact, "_row_invariant", lambda layer, gen: checks.append(layer.weight.shape) or real(layer, gen))
     lm = CachedLM(model, len(tok))
     ids = [int(t) for t in tok("a b c a b c a b", add_special_tokens=False)["input_ids"]]
     cfg = DecodeConfig(gamma=4, max_new_tokens=24)
-    spec = list(speculative_decode(lm, PromptLookupDrafter(), tok, ids, cfg))[-1].output_ids
-    assert exact.is_exact(model) and model._svz_threads == torch.get_num_threads()
+    spec = list(speculative_decode(lm, EarlyExitDrafter(model, 2, len(tok)), tok, ids, cfg))[-1].output_ids
+    shapes = {tuple(m.weight.shape) for m in layers if not m.__dict__.get("_svz_idle")}
+    assert 0 < len(checks) <= len(shapes) + 2  # once per shape (and per joined product), the view adds none
+    assert {m._svz_threads for m in layers if not m.__dict__.get("_svz_idle")} == {n}
     assert spec == list(vanilla_decode(lm, tok, ids, cfg))[-1].output_ids
-    assert not recheck_kernels(model)  # checked at this count now: nothing to do
-    if torch.get_num_threads() > 1:  # the first run did recheck
-        model._svz_threads = 1
-        assert recheck_kernels(model) and model._svz_threads == torch.get_num_threads()
+    assert exact.check_threads(model) == 0  # checked at this count now: nothing to do
+
+    for m in layers:  # a load at another count whose checks fail at this one
+        m._svz_threads = 7
+    model._svz_checked_at = 7
+    monkeypatch.setattr(exact, "_row_invariant", lambda layer, gen: False)
+    for _ in range(2):
+        with pytest.raises(SpecvizError, match="load it on the thread that decodes"):
+            list(vanilla_decode(lm, tok, ids, cfg))
+    assert exact.is_exact(model) and all(isinstance(m, exact.ExactLinear) for m in layers)

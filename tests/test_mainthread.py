@@ -158,15 +158,71 @@ def test_while_serving_only_the_serving_thread_runs_torch_on_several_threads():
         return box["n"]
 
     before = fresh_count()
+    runners = [(MainThreadRunner(), threading.Event()) for _ in range(2)]  # two serving at once (tests do)
+    servers = [threading.Thread(target=r.serve_forever, kwargs={"poll_s": 0.05, "until": u}) for r, u in runners]
+    try:
+        for (runner, _), server in zip(runners, servers):
+            server.start()
+            while not runner.serving:
+                pass
+            if server is servers[0]:  # (the second's thread first used torch while the first served)
+                assert runner.call(torch.get_num_threads) == before
+            assert fresh_count() == 1
+    finally:
+        for (_, until), server in zip(runners, servers):
+            until.set()
+            server.join()
+            assert fresh_count() == (before if server is servers[-1] else 1)
+    assert fresh_count() == before
+
+
+def test_a_call_waiting_behind_a_run_can_be_cancelled_and_gives_its_thread_back(served):
+    """A page's load waits behind another user's run: ``wait`` yields while it waits (the handler
+    gives its worker thread back), and Stop before the job starts cancels it: it never runs."""
+    runner, server_tid = served
+    ran, release = [], threading.Event()
+
+    def long_run():
+        yield 0
+        release.wait(10)
+        yield 1
+    first = runner.stream(long_run)
+    assert next(first) == 0  # the run holds the serving thread
+    job = runner.submit(ran.append, "load")
+    stop = threading.Event()
+    waits = runner.wait(job, stop, every_s=0.01)
+    next(waits)  # still waiting: a yield, not a block
+    stop.set()
+    assert list(waits) == [] and job.cancelled()
+    release.set()
+    assert list(first) == [1]
+    assert runner.call(threading.get_ident) == server_tid and ran == []
+
+
+def test_ctrl_c_in_a_job_reaches_its_caller_and_stops_the_serving_thread():
+    """A KeyboardInterrupt or SystemExit (SIGTERM) raised while a job runs is not swallowed by the
+    job: the caller hears of it, and serve_forever ends (the app exits as it should)."""
+    runner = MainThreadRunner()
+    server = threading.Thread(target=lambda: pytest.raises(SystemExit, runner.serve_forever, 0.05))
+    server.start()
+    while not runner.serving:
+        pass
+    with pytest.raises(SystemExit):
+        runner.call(lambda: (_ for _ in ()).throw(SystemExit(143)))
+    server.join(5)
+    assert not server.is_alive() and not runner.serving
+
+
+def test_calls_left_waiting_when_serving_ends_hear_so():
     runner, until = MainThreadRunner(), threading.Event()
     server = threading.Thread(target=runner.serve_forever, kwargs={"poll_s": 0.05, "until": until})
     server.start()
     while not runner.serving:
         pass
-    try:
-        assert runner.call(torch.get_num_threads) == before
-        assert fresh_count() == 1
-    finally:
-        until.set()
-        server.join()
-    assert fresh_count() == before
+    release = threading.Event()
+    blocker = runner.submit(release.wait, 10)
+    waiting = runner.submit(lambda: "never")
+    until.set()
+    release.set()
+    server.join(5)
+    assert blocker.result() is True and waiting.cancelled()

@@ -7,6 +7,7 @@ client goes away stops decoding at its next item (an iteration, or half a second
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import inspect
 import json
@@ -112,6 +113,14 @@ class Api:
             return JSONResponse(row)
         return JSONResponse({"object": "list", "data": rows})
 
+    async def on_decode_thread(self, fn, *args):
+        """``fn(*args)`` on the decode thread, where models load (torch work in another thread slows
+        decoding: mainthread.py), awaited without holding a worker thread (it may wait behind a long
+        run); where nothing serves the queue, in a worker thread (never in the event loop's)."""
+        if self.runner.serving:
+            return await asyncio.wrap_future(self.runner.submit(fn, *args))
+        return await anyio.to_thread.run_sync(fn, *args)
+
     async def generate(self, request: Request, kind: str) -> Response:
         limits = Limits.from_env()
         body = await self.body(request, limits)
@@ -126,7 +135,7 @@ class Api:
                            "queue_full", "rate_limit_error", retry_after=wait)
         asked = time.perf_counter()
         try:  # models load on the decode thread (torch work elsewhere slows decoding: mainthread.py)
-            pipe = await anyio.to_thread.run_sync(self.runner.call, generate.load, reg, plan, self.device, self.dtype)
+            pipe = await self.on_decode_thread(generate.load, reg, plan, self.device, self.dtype)
             ids = await anyio.to_thread.run_sync(generate.encode, pipe, req)
             cfg = generate.config(req, plan)
         except BaseException:

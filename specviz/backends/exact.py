@@ -329,6 +329,7 @@ def _prepare(module: torch.nn.Linear, dnn: bool, gen: torch.Generator, policy_of
     if policy_of[shape] is None:
         return False
     module._svz_policy = policy_of[shape]
+    module._svz_threads = torch.get_num_threads()  # what the check ran at (check_threads compares)
     return True
 
 
@@ -360,6 +361,7 @@ def _lean_layers(model: torch.nn.Module, dnn: bool, gen: torch.Generator, policy
                     if part.bias is not None:
                         part.bias = torch.nn.Parameter(joined.bias[row:row + rows], requires_grad=False)
                     part._svz_dnn = None  # the joined product runs instead
+                    part._svz_idle = True
                     row += rows
     return done
 
@@ -396,7 +398,7 @@ def enable(model: torch.nn.Module) -> int:
     model.set_attn_implementation(ATTENTION)
     model._svz_exact = True
     model._svz_lean = _lean_layers(model, dnn, gen, policy_of)
-    model._svz_threads = torch.get_num_threads()  # what the checks ran at (CachedLM.reset compares)
+    model._svz_checked_at = torch.get_num_threads()
     return len(layers)
 
 
@@ -404,7 +406,7 @@ def disable(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, ExactLinear):
             module.__class__ = torch.nn.Linear
-            for attr in ("_svz_dnn", "_svz_policy"):
+            for attr in ("_svz_dnn", "_svz_policy", "_svz_threads", "_svz_idle"):
                 module.__dict__.pop(attr, None)
     from . import lean
 
@@ -416,7 +418,7 @@ def disable(model: torch.nn.Module) -> None:
     model.__dict__.pop("_svz_attention", None)
     model.__dict__.pop("_svz_norms", None)
     model.__dict__.pop("_svz_lean", None)
-    model.__dict__.pop("_svz_threads", None)
+    model.__dict__.pop("_svz_checked_at", None)
     if getattr(model, "_svz_exact", False):
         model.set_attn_implementation(getattr(model, "_svz_attn_before", None) or "sdpa")
         model._svz_exact = False
@@ -424,4 +426,33 @@ def disable(model: torch.nn.Module) -> None:
 
 def is_exact(model: torch.nn.Module) -> bool:
     return bool(getattr(model, "_svz_exact", False))
+
+
+@torch.inference_mode()
+def check_threads(model: torch.nn.Module) -> int:
+    """The row-invariance check again, at this thread's thread count, for each layer last checked at
+    another (the model loaded in another thread: the app loads on its decode thread, so this is a
+    safety net). Which padding keeps a layer's rows invariant can depend on how its product is split
+    across threads; attention's check is already per thread count (``query_rows``). Raises
+    SpecvizError where a layer fails, at every run: rather no run than one that is not exact and
+    says it is. Returns how many checks ran (0 when all were done at this count)."""
+    n = torch.get_num_threads()
+    if not is_exact(model) or model.__dict__.get("_svz_checked_at") == n:
+        return 0
+    layers = [m for m in model.modules() if isinstance(m, ExactLinear) and not m.__dict__.get("_svz_idle")]
+    layers += [getattr(m, a) for m in model.modules() for a in ("_svz_qkv", "_svz_gate_up") if hasattr(m, a)]
+    gen, verdict = torch.Generator().manual_seed(0), {}
+    for layer in layers:
+        if layer.__dict__.get("_svz_threads") == n:
+            continue
+        key = (tuple(layer.weight.shape), layer._svz_policy, layer._svz_dnn is None)
+        if key not in verdict:
+            verdict[key] = _row_invariant(layer, gen)
+        if not verdict[key]:
+            raise SpecvizError(f"the exact mode's checks ran with {layer.__dict__.get('_svz_threads')} threads when this "
+                               f"model loaded, and a {key[0]} layer fails them with {n}, the thread count it would "
+                               "decode with: load it on the thread that decodes, or set SPECVIZ_EXACT=0")
+        layer._svz_threads = n
+    model._svz_checked_at = n  # a view (copy.copy of the model) keeps its own mark; its layers are shared
+    return len(verdict)
 

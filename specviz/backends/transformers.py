@@ -86,7 +86,7 @@ class CachedLM:
         return Timer(self.device)
 
     def reset(self) -> None:
-        recheck_kernels(self.model)
+        exact.check_threads(self.model)  # a model loaded in another thread: checked at this one's count
         self.cache = DynamicCache(config=self.config)
         self.cache.activate_past_recording()  # sliding-window layers must stay croppable
         roomy(self.cache)  # appends in place, no torch.cat copy of the whole cache per step
@@ -366,18 +366,6 @@ def cpu_kernels(model: torch.nn.Module, name: str = "model") -> str:
     if p.device.type == "cpu":
         enable_cpu_gqa()
     return "mkl-packed" if packed else "torch"
-
-
-def recheck_kernels(model: torch.nn.Module) -> bool:
-    """Where the exact mode's checks ran at another thread count than this thread's (the model was
-    loaded in another thread), run them again here, as a load would: which padding keeps a layer's
-    rows invariant, and whether attention runs batched, depend on how the kernels split a product
-    across threads. True when it did. The app loads on its decode thread, so this is a safety net."""
-    if not exact.is_exact(model) or model.__dict__.get("_svz_threads") == torch.get_num_threads():
-        return False
-    exact.disable(model)
-    cpu_kernels(model)
-    return True
 
 
 def check_tokenizers(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
