@@ -177,11 +177,13 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                     pipe = item
         else:
             yield {C["status"]: f"● preparing the {md(str(spec.drafter.get('kind', 'pair')))} drafter…"}
-            # models load on the decode thread (mainthread.py); waiting, the handler gives its thread back
+            # models load on the decode thread (mainthread.py), after the run it may be decoding; Stop cancels
             job = RUNNER.submit(build_pipeline, REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
                                 device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
             for _ in RUNNER.wait(job, halt):
                 yield gr.skip()
+            if job.cancelled() and not halt.is_set():
+                raise SpecvizError("the server stopped its decode queue (it is shutting down)")
             pipe = None if job.cancelled() else job.result()
         if halt.is_set():  # stopped while the drafter was being prepared
             yield {C["status"]: STOPPED_EARLY}

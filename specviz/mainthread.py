@@ -165,6 +165,8 @@ class MainThreadRunner:
                 _run_into(fut, fn, args, kwargs)
         job.future = fut
         self._jobs.put(job)
+        if not self.serving:  # serving ended before the queue was drained of it: it will not run
+            fut.cancel()
         return fut
 
     def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
@@ -175,16 +177,20 @@ class MainThreadRunner:
             raise RuntimeError("the decode thread stopped before it could run this") from None
 
     def wait(self, fut: Future, stop: threading.Event | None = None, every_s: float = 0.5) -> Iterator[None]:
-        """Yield every ``every_s`` while ``fut`` is not done, so that a web handler (a generator)
-        gives its worker thread back between checks instead of holding it through another run; when
-        ``stop`` is set before the job starts, cancel it and end. Then read ``fut.result()``."""
-        while not fut.done():
-            if stop is not None and stop.is_set() and fut.cancel():
-                return
-            try:
-                fut.exception(timeout=every_s)
-            except FutureTimeout:
-                yield
+        """Yield every ``every_s`` while ``fut`` is not done, so that a web handler (a generator) can
+        look at its Stop flag: when ``stop`` is set before the job starts, cancel it and end. A
+        handler closed while it waits cancels the job too. Then read ``fut.result()``."""
+        try:
+            while not fut.done():
+                if stop is not None and stop.is_set() and fut.cancel():
+                    return
+                try:
+                    fut.exception(timeout=every_s)
+                except FutureTimeout:
+                    yield
+        finally:
+            if not fut.done():
+                fut.cancel()
 
     def stream(self, make: Callable[[], Iterator]) -> Iterator:
         """Yield the items of ``make()``, computed on the serving thread when there is one."""
@@ -212,12 +218,15 @@ class MainThreadRunner:
                     out.put(("item", item))
             except Exception as e:  # handed to the consumer, raised there
                 out.put(("error", e))
-            except BaseException as e:  # Ctrl-C, SIGTERM: the consumer hears of it, and the serving thread stops
-                out.put(("error", e))
+            except BaseException:  # Ctrl-C, SIGTERM: it stops the serving thread; the consumer gets a plain error
+                out.put(("error", RuntimeError(INTERRUPTED)))
                 raise
             finally:
                 if gen is not None and hasattr(gen, "close"):
-                    gen.close()
+                    try:
+                        gen.close()
+                    except Exception as e:  # a generator's cleanup failing must not end the serving thread
+                        out.put(("error", e))
                 out.put(("end", None))
 
         self._jobs.put(job)
@@ -239,11 +248,16 @@ class MainThreadRunner:
 def _run_into(fut: Future, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
     try:
         fut.set_result(fn(*args, **kwargs))
+    except StopIteration as e:  # asyncio cannot carry it across (wrap_future): a plain error
+        fut.set_exception(RuntimeError(f"StopIteration raised by {getattr(fn, '__name__', fn)}: {e}"))
     except Exception as e:  # raised in the caller's thread (fut.result())
         fut.set_exception(e)
-    except BaseException as e:  # Ctrl-C, SIGTERM: the caller hears of it, and the serving thread stops
-        fut.set_exception(e)
+    except BaseException:  # Ctrl-C, SIGTERM: it stops the serving thread; the caller gets a plain error
+        fut.set_exception(RuntimeError(INTERRUPTED))  # (raised as is, it would end an event loop's task abruptly)
         raise
+
+
+INTERRUPTED = "the decode thread was interrupted (the server is stopping)"
 
 
 _SERVING = {"count": 0, "default": 0}  # runners serving now, and the thread default before the first

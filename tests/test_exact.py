@@ -318,8 +318,9 @@ def test_a_model_checked_at_another_thread_count_is_checked_again_where_it_decod
     """The exact mode's row-invariance checks run at load, at the loading thread's thread count; a
     model loaded in a one-thread thread and decoded on another count is checked again when a run
     starts there (a safety net: the app loads on its decode thread), once per layer shape, not again
-    for an early-exit view sharing its layers; greedy decoding still equals vanilla. Where the check
-    fails there, every run refuses (never a quiet fallback to kernels that are not exact)."""
+    for an early-exit view sharing its layers; greedy decoding still equals vanilla. Where the load's
+    padding fails there, another that holds is taken; where none holds, every run refuses (never a
+    quiet fallback to kernels that are not exact)."""
     import threading
 
     from specviz.drafters import EarlyExitDrafter
@@ -336,12 +337,11 @@ def test_a_model_checked_at_another_thread_count_is_checked_again_where_it_decod
     t.join()
     _set_default_threads(others)
     layers = [m for m in model.modules() if isinstance(m, exact.ExactLinear)]
-    assert layers and {m._svz_threads for m in layers} == {1} and model._svz_checked_at == 1
+    assert layers and {m._svz_threads for m in layers} == {1}
     n = torch.get_num_threads()
     if n == 1:  # a one-core runner: make the load's count another one
         for m in layers + [getattr(x, a) for x in model.modules() for a in ("_svz_qkv", "_svz_gate_up") if hasattr(x, a)]:
             m._svz_threads = 7
-        model._svz_checked_at = 7
     checks = []
     real = exact._row_invariant
     monkeypatch.setattr(exact, "_row_invariant", lambda layer, gen: checks.append(layer.weight.shape) or real(layer, gen))
@@ -355,11 +355,21 @@ def test_a_model_checked_at_another_thread_count_is_checked_again_where_it_decod
     assert spec == list(vanilla_decode(lm, tok, ids, cfg))[-1].output_ids
     assert exact.check_threads(model) == 0  # checked at this count now: nothing to do
 
-    for m in layers:  # a load at another count whose checks fail at this one
-        m._svz_threads = 7
-    model._svz_checked_at = 7
+    def loaded_elsewhere():
+        for m in layers + [getattr(x, a) for x in model.modules() for a in ("_svz_qkv", "_svz_gate_up") if hasattr(x, a)]:
+            m._svz_threads = 7
+
+    # where the load's padding fails at this count and another holds, the other is taken, as a load would
+    loaded_elsewhere()
+    monkeypatch.setattr(exact, "_row_invariant", lambda layer, gen: layer._svz_policy == "mult4" and real(layer, gen))
+    assert list(vanilla_decode(lm, tok, ids, cfg))[-1].output_ids == spec
+    assert {m._svz_policy for m in layers if not m.__dict__.get("_svz_idle")} == {"mult4"}
+    assert list(speculative_decode(lm, EarlyExitDrafter(model, 2, len(tok)), tok, ids, cfg))[-1].output_ids == spec
+
+    loaded_elsewhere()  # and where none holds, every run refuses, the model left as it was
     monkeypatch.setattr(exact, "_row_invariant", lambda layer, gen: False)
     for _ in range(2):
         with pytest.raises(SpecvizError, match="load it on the thread that decodes"):
             list(vanilla_decode(lm, tok, ids, cfg))
     assert exact.is_exact(model) and all(isinstance(m, exact.ExactLinear) for m in layers)
+    assert {m._svz_policy for m in layers if not m.__dict__.get("_svz_idle")} == {"mult4"}

@@ -159,7 +159,8 @@ def test_while_serving_only_the_serving_thread_runs_torch_on_several_threads():
 
     before = fresh_count()
     runners = [(MainThreadRunner(), threading.Event()) for _ in range(2)]  # two serving at once (tests do)
-    servers = [threading.Thread(target=r.serve_forever, kwargs={"poll_s": 0.05, "until": u}) for r, u in runners]
+    servers = [threading.Thread(target=r.serve_forever, kwargs={"poll_s": 0.05, "until": u}, daemon=True)
+               for r, u in runners]
     try:
         for (runner, _), server in zip(runners, servers):
             server.start()
@@ -176,9 +177,9 @@ def test_while_serving_only_the_serving_thread_runs_torch_on_several_threads():
     assert fresh_count() == before
 
 
-def test_a_call_waiting_behind_a_run_can_be_cancelled_and_gives_its_thread_back(served):
+def test_a_call_waiting_behind_a_run_is_cancelled_by_stop_or_by_its_handler_closing(served):
     """A page's load waits behind another user's run: ``wait`` yields while it waits (the handler
-    gives its worker thread back), and Stop before the job starts cancels it: it never runs."""
+    looks at Stop), Stop before the job starts cancels it, and so does the handler going away."""
     runner, server_tid = served
     ran, release = [], threading.Event()
 
@@ -187,42 +188,85 @@ def test_a_call_waiting_behind_a_run_can_be_cancelled_and_gives_its_thread_back(
         release.wait(10)
         yield 1
     first = runner.stream(long_run)
-    assert next(first) == 0  # the run holds the serving thread
-    job = runner.submit(ran.append, "load")
-    stop = threading.Event()
-    waits = runner.wait(job, stop, every_s=0.01)
-    next(waits)  # still waiting: a yield, not a block
-    stop.set()
-    assert list(waits) == [] and job.cancelled()
-    release.set()
-    assert list(first) == [1]
+    try:
+        assert next(first) == 0  # the run holds the serving thread
+        job, stop = runner.submit(ran.append, "stopped"), threading.Event()
+        waits = runner.wait(job, stop, every_s=0.01)
+        next(waits)  # still waiting: a yield, not a block
+        stop.set()
+        assert list(waits) == [] and job.cancelled()
+        left = runner.submit(ran.append, "left")
+        waits = runner.wait(left, None, every_s=0.01)
+        next(waits)
+        waits.close()  # gradio closes the handler of a visitor who left
+        assert left.cancelled()
+        release.set()
+        assert list(first) == [1]
+    finally:
+        release.set()
+        first.close()
     assert runner.call(threading.get_ident) == server_tid and ran == []
 
 
-def test_ctrl_c_in_a_job_reaches_its_caller_and_stops_the_serving_thread():
+def test_a_job_errors_reach_the_caller_as_plain_errors_and_the_server_goes_on(served):
+    """StopIteration (asyncio cannot carry it across wrap_future: an API request hung) and a
+    generator whose cleanup fails (it ended the serving thread) come back as errors; it serves on."""
+    runner, server_tid = served
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        runner.call(next, iter([]))
+
+    def bad_cleanup():
+        try:
+            yield 1
+        finally:
+            raise ValueError("cleanup failed")
+    with pytest.raises(ValueError, match="cleanup failed"):
+        list(runner.stream(bad_cleanup))
+    assert runner.serving and runner.call(threading.get_ident) == server_tid
+
+
+def test_ctrl_c_in_a_job_stops_the_serving_thread_and_its_caller_hears_of_it():
     """A KeyboardInterrupt or SystemExit (SIGTERM) raised while a job runs is not swallowed by the
-    job: the caller hears of it, and serve_forever ends (the app exits as it should)."""
-    runner = MainThreadRunner()
-    server = threading.Thread(target=lambda: pytest.raises(SystemExit, runner.serve_forever, 0.05))
+    job: serve_forever ends (the app exits as it should) and the caller gets a plain error (raised as
+    is in the API's event loop, it ended the loop before the server could close)."""
+    runner, done = MainThreadRunner(), {}
+
+    def serve():
+        try:
+            runner.serve_forever(poll_s=0.05)
+        except SystemExit as e:
+            done["exit"] = e.code
+    server = threading.Thread(target=serve, daemon=True)
     server.start()
     while not runner.serving:
         pass
-    with pytest.raises(SystemExit):
+    with pytest.raises(RuntimeError, match="interrupted"):
         runner.call(lambda: (_ for _ in ()).throw(SystemExit(143)))
     server.join(5)
-    assert not server.is_alive() and not runner.serving
+    assert done == {"exit": 143} and not runner.serving
 
 
 def test_calls_left_waiting_when_serving_ends_hear_so():
     runner, until = MainThreadRunner(), threading.Event()
-    server = threading.Thread(target=runner.serve_forever, kwargs={"poll_s": 0.05, "until": until})
+    server = threading.Thread(target=runner.serve_forever, kwargs={"poll_s": 0.05, "until": until}, daemon=True)
     server.start()
     while not runner.serving:
         pass
-    release = threading.Event()
-    blocker = runner.submit(release.wait, 10)
+    started, release = threading.Event(), threading.Event()
+    blocker = runner.submit(lambda: started.set() or release.wait(10))
     waiting = runner.submit(lambda: "never")
+    assert started.wait(5)
     until.set()
     release.set()
     server.join(5)
     assert blocker.result() is True and waiting.cancelled()
+    late = runner.submit(lambda: "too late")  # nothing serves now: it runs at once, inline
+    assert late.result() == "too late"
+    put = runner._jobs.put  # a call that lost the race with the end: serving when checked, not after
+    runner.serving = True
+    runner._jobs.put = lambda job: (put(job), setattr(runner, "serving", False))
+    lost = runner.submit(lambda: "never")
+    assert lost.cancelled()  # its caller hears so (call() raises), instead of waiting for ever
+    runner.serving = True
+    with pytest.raises(RuntimeError, match="stopped before it could run"):
+        runner.call(lambda: "never")

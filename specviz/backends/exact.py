@@ -398,7 +398,6 @@ def enable(model: torch.nn.Module) -> int:
     model.set_attn_implementation(ATTENTION)
     model._svz_exact = True
     model._svz_lean = _lean_layers(model, dnn, gen, policy_of)
-    model._svz_checked_at = torch.get_num_threads()
     return len(layers)
 
 
@@ -418,7 +417,6 @@ def disable(model: torch.nn.Module) -> None:
     model.__dict__.pop("_svz_attention", None)
     model.__dict__.pop("_svz_norms", None)
     model.__dict__.pop("_svz_lean", None)
-    model.__dict__.pop("_svz_checked_at", None)
     if getattr(model, "_svz_exact", False):
         model.set_attn_implementation(getattr(model, "_svz_attn_before", None) or "sdpa")
         model._svz_exact = False
@@ -433,26 +431,36 @@ def check_threads(model: torch.nn.Module) -> int:
     """The row-invariance check again, at this thread's thread count, for each layer last checked at
     another (the model loaded in another thread: the app loads on its decode thread, so this is a
     safety net). Which padding keeps a layer's rows invariant can depend on how its product is split
-    across threads; attention's check is already per thread count (``query_rows``). Raises
-    SpecvizError where a layer fails, at every run: rather no run than one that is not exact and
-    says it is. Returns how many checks ran (0 when all were done at this count)."""
-    n = torch.get_num_threads()
-    if not is_exact(model) or model.__dict__.get("_svz_checked_at") == n:
+    across threads, so where a layer's policy fails, the others are tried, as a load would, and the
+    one that holds is set on every layer of that shape. Attention's check is already per thread count
+    (``query_rows``). Raises SpecvizError where none holds, at every run: rather no run than one that
+    is not exact and says it is. Returns how many checks ran (0 when all were done at this count)."""
+    if not is_exact(model):
         return 0
+    n = torch.get_num_threads()
     layers = [m for m in model.modules() if isinstance(m, ExactLinear) and not m.__dict__.get("_svz_idle")]
     layers += [getattr(m, a) for m in model.modules() for a in ("_svz_qkv", "_svz_gate_up") if hasattr(m, a)]
-    gen, verdict = torch.Generator().manual_seed(0), {}
+    stale: dict[tuple, list] = {}  # (shape, oneDNN or not) -> its layers not checked at this count
     for layer in layers:
-        if layer.__dict__.get("_svz_threads") == n:
-            continue
-        key = (tuple(layer.weight.shape), layer._svz_policy, layer._svz_dnn is None)
-        if key not in verdict:
-            verdict[key] = _row_invariant(layer, gen)
-        if not verdict[key]:
-            raise SpecvizError(f"the exact mode's checks ran with {layer.__dict__.get('_svz_threads')} threads when this "
-                               f"model loaded, and a {key[0]} layer fails them with {n}, the thread count it would "
-                               "decode with: load it on the thread that decodes, or set SPECVIZ_EXACT=0")
-        layer._svz_threads = n
-    model._svz_checked_at = n  # a view (copy.copy of the model) keeps its own mark; its layers are shared
-    return len(verdict)
+        if layer.__dict__.get("_svz_threads") != n:
+            stale.setdefault((tuple(layer.weight.shape), layer._svz_dnn is None), []).append(layer)
+    gen, checks = torch.Generator().manual_seed(0), 0
+    for (shape, _), group in stale.items():
+        first, before = group[0], group[0]._svz_policy
+        holds = None
+        for policy in (before,) + tuple(p for p in POLICIES if p != before):
+            first._svz_policy = policy
+            checks += 1
+            if _row_invariant(first, gen):
+                holds = policy
+                break
+        if holds is None:
+            first._svz_policy = before
+            raise SpecvizError(f"the exact mode's checks ran with {first.__dict__.get('_svz_threads')} threads when this "
+                               f"model loaded, and no padding keeps a {shape} layer's rows invariant with {n}, the "
+                               "thread count it would decode with: load it on the thread that decodes, or set "
+                               "SPECVIZ_EXACT=0")
+        for layer in group:
+            layer._svz_policy, layer._svz_threads = holds, n
+    return checks
 
