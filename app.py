@@ -19,7 +19,7 @@ from specviz.costs import REFERENCE
 from specviz.engine import DecodeConfig
 from specviz.errors import SpecvizError
 from specviz.exports import Exports
-from specviz.mainthread import MainThreadRunner, StopFlags
+from specviz.mainthread import Interrupted, MainThreadRunner, StopFlags
 from specviz.pipeline import build_pipeline, resolve_pair
 from specviz.registry import load_registry
 from specviz.view import menus, tokens
@@ -40,6 +40,11 @@ REGISTRY = load_registry()
 EXAMPLES = yaml.safe_load((ASSETS / "examples.yaml").read_text())
 DEVICE, DTYPE = os.environ.get("SPECVIZ_DEVICE", "auto"), os.environ.get("SPECVIZ_DTYPE", "auto")
 PAIR_CHOICE = "(the pair's)"
+# Every event that decodes: its handler starts at once and waits its turn in RUNNER's queue (which shows
+# the visitor their place and sees Stop). gradio gives all events of one concurrency_id the lowest
+# limit among them, so each of them must name the same limit: one event left at the default (1) made
+# a second tab's Run wait, unseen and deaf to Stop, in gradio's own queue.
+DECODE_EVENTS = dict(concurrency_id="decode", concurrency_limit=8)
 RUNNER = MainThreadRunner()  # the one decode queue; runs on the main thread when app.py is the program
 EXPORTS = Exports()
 STOPS = StopFlags()  # (session, "run" | "lab") -> the flag its Stop button sets
@@ -176,12 +181,13 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                 else:
                     pipe = item
         else:
-            yield {C["status"]: f"● preparing the {md(str(spec.drafter.get('kind', 'pair')))} drafter…"}
+            preparing = f"● preparing the {md(str(spec.drafter.get('kind', 'pair')))} drafter…"
+            yield {C["status"]: preparing}
             # models load on the decode thread (mainthread.py), after the run it may be decoding; Stop cancels
             job = RUNNER.submit(build_pipeline, REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
                                 device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
-            for _ in RUNNER.wait(job, halt):
-                yield gr.skip()
+            for line in load_lines(job, halt, preparing):
+                yield {C["status"]: line} if line else gr.skip()
             if job.cancelled() and not halt.is_set():
                 raise SpecvizError("the server stopped its decode queue (it is shutting down)")
             pipe = None if job.cancelled() else job.result()
@@ -215,6 +221,23 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                      else f"unexpected error: {type(e).__name__}: {e}", ran)
     finally:
         halt.close()
+
+
+def load_lines(job, halt, working: str):
+    """While a load (``RUNNER.submit``) waits for the decode thread: its place behind what runs there (a
+    run decoding, typically), then ``working`` again once it runs; None each half second that nothing
+    changed (the handler yields a skip, and so sees Stop, which cancels a load that has not started)."""
+    waited = False
+    for _ in RUNNER.wait(job, halt):
+        ahead = RUNNER.jobs_ahead(job)
+        if ahead:
+            waited = True
+            yield waiting_status(ahead, RUNNER.estimate_s(ahead))
+        elif waited:
+            waited = False
+            yield working
+        else:
+            yield None
 
 
 VLLM: dict[tuple, object] = {}  # (pair, url) -> a VLLMBackend, started once per process
@@ -380,7 +403,7 @@ def build_demo() -> gr.Blocks:
         outputs = list(C.values())
         inputs = [pair, target, drafter, prompt, chat, gamma, temperature, top_k, top_p, max_new, seed, costs,
                   with_vanilla, backend, vllm_url]
-        run_kw = dict(concurrency_limit=8, concurrency_id="decode", show_progress="hidden")
+        run_kw = dict(show_progress="hidden", **DECODE_EVENTS)
         run_event = run_btn.click(run_decoding, inputs, outputs, api_name="run", js=SCROLL_TO_STATUS, **run_kw)
         runs = [run_event]
         for button, values in tries:  # one click: set the inputs, then run
@@ -436,14 +459,15 @@ def lab_tab(inputs: dict) -> None:
         try:
             # the previous experiment's chart, takeaway and file go first: a Stop or an error before this
             # one draws must not leave them on the page as if they were its result
-            yield f"● loading the pair for **{title}**…", None, "", None
+            loading = f"● loading the pair for **{title}**…"
+            yield loading, None, "", None
             mod = experiment(name)
             pair, custom_target, custom_drafter = _chosen(pair, target, drafter, prompt)
             load = partial(build_pipeline, REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
                            device=DEVICE)
             job = RUNNER.submit(load, dtype=DTYPE)  # on the decode thread, as the experiment's own loads are
-            for _ in RUNNER.wait(job, halt):
-                yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            for line in load_lines(job, halt, loading):
+                yield line or gr.skip(), gr.skip(), gr.skip(), gr.skip()
             if job.cancelled():
                 yield f"■ stopped: **{title}** (stopped before anything was measured)", gr.skip(), gr.skip(), gr.skip()
                 return
@@ -506,8 +530,8 @@ def lab_tab(inputs: dict) -> None:
             events = []
             for name, btn in buttons.items():
                 events.append(btn.click(lab_handler(name), [variant] + [inputs[k] for k in keys],
-                                        [status, plot, note, export], concurrency_id="decode",
-                                        api_name=f"lab_{name}", show_progress="hidden"))
+                                        [status, plot, note, export], api_name=f"lab_{name}",
+                                        show_progress="hidden", **DECODE_EVENTS))
             wire_stop(stop_btn, stop_lab, status, events)
 
 
@@ -573,6 +597,8 @@ def preload(pair: str = REGISTRY.default(), await_server: bool = False) -> None:
             pass
     except SpecvizError as e:
         print(f"[specviz] preload of {pair} failed: {e}")
+    except Interrupted:  # the app is stopping (Ctrl-C, SIGTERM) before the preload ended: nothing to report
+        pass
 
 
 def exit_on_sigterm() -> None:

@@ -47,6 +47,7 @@ class MainThreadRunner:
         self._reserved = 0  # places promised by reserve() whose runs have not taken their ticket yet
         self.recent_s: list[float] = []  # how long the last runs held the queue (for estimates)
         self._thread: threading.Thread | None = None  # the serving thread
+        self._busy = False  # whether the serving thread is running a job now
 
     @property
     def queued(self) -> int:
@@ -134,7 +135,11 @@ class MainThreadRunner:
                     job = self._jobs.get(timeout=poll_s)  # wakes up now and then so Ctrl-C works
                 except queue.Empty:
                     continue
-                job()
+                self._busy = True
+                try:
+                    job()
+                finally:
+                    self._busy = False
         finally:
             self.serving = False
             self._thread = None
@@ -169,12 +174,24 @@ class MainThreadRunner:
             fut.cancel()
         return fut
 
+    def jobs_ahead(self, fut: Future) -> int:
+        """How many jobs the serving thread runs before ``fut``'s (from ``submit``): the one running
+        now (a run decoding, typically) and those queued before it; 0 once it runs, or is done."""
+        if fut.running() or fut.done():
+            return 0
+        with self._jobs.mutex:
+            queued = list(self._jobs.queue)
+        for i, job in enumerate(queued):
+            if getattr(job, "future", None) is fut:
+                return i + (1 if self._busy else 0)
+        return 0
+
     def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """``submit``, waiting here for the result (or the exception, raised here)."""
         try:
             return self.submit(fn, *args, **kwargs).result()
         except CancelledError:
-            raise RuntimeError("the decode thread stopped before it could run this") from None
+            raise Interrupted("the decode thread stopped before it could run this (the server is stopping)") from None
 
     def wait(self, fut: Future, stop: threading.Event | None = None, every_s: float = 0.5) -> Iterator[None]:
         """Yield every ``every_s`` while ``fut`` is not done, so that a web handler (a generator) can
@@ -219,7 +236,7 @@ class MainThreadRunner:
             except Exception as e:  # handed to the consumer, raised there
                 out.put(("error", e))
             except BaseException:  # Ctrl-C, SIGTERM: it stops the serving thread; the consumer gets a plain error
-                out.put(("error", RuntimeError(INTERRUPTED)))
+                out.put(("error", Interrupted(INTERRUPTED)))
                 raise
             finally:
                 if gen is not None and hasattr(gen, "close"):
@@ -253,11 +270,15 @@ def _run_into(fut: Future, fn: Callable[..., Any], args: tuple, kwargs: dict) ->
     except Exception as e:  # raised in the caller's thread (fut.result())
         fut.set_exception(e)
     except BaseException:  # Ctrl-C, SIGTERM: it stops the serving thread; the caller gets a plain error
-        fut.set_exception(RuntimeError(INTERRUPTED))  # (raised as is, it would end an event loop's task abruptly)
+        fut.set_exception(Interrupted(INTERRUPTED))  # (raised as is, it would end an event loop's task abruptly)
         raise
 
 
 INTERRUPTED = "the decode thread was interrupted (the server is stopping)"
+
+
+class Interrupted(RuntimeError):
+    """A job that did not run, or did not finish, because the serving thread stopped (Ctrl-C, SIGTERM)."""
 
 
 _SERVING = {"count": 0, "default": 0}  # runners serving now, and the thread default before the first

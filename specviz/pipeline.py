@@ -39,8 +39,9 @@ class Pipeline:
     def info(self) -> dict:
         d = {"target": self.target.info(), "draft": self.draft.info() if self.draft else {}}
         if not self.draft:
+            own = self.drafter.describe().get("precision")  # a self-draft's copy: not the target's dtype
             d["draft"] = {"name": self.drafter.name, "device": str(self.target.device),
-                          "dtype": str(self.target.dtype).replace("torch.", ""),
+                          "dtype": own or str(self.target.dtype).replace("torch.", ""),
                           "source": drafters.kind(self.drafter.kind).source}
         return d
 

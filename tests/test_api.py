@@ -482,3 +482,49 @@ def test_any_int64_seed_is_taken_and_a_negative_one_seeds_as_torch_reads_it(clie
     for seed in (-2 ** 63 - 1, 2 ** 63):
         e = _err(client, seed=seed)
         assert (e.status_code, e.body["param"]) == (400, "seed") and "between" in e.body["message"]
+
+
+def test_a_load_left_waiting_when_the_server_stops_is_a_503_not_a_crash():
+    """SIGTERM while a request's load waited behind a run: serving ends and cancels the queued load.
+    The client got a plain-text 500 and the log a traceback (asyncio.CancelledError is no Exception);
+    it is now the OpenAI-shaped 503 a stopping server gives, as is a job the stop interrupted."""
+    import asyncio
+
+    from specviz.api.errors import ApiError
+    from specviz.api.server import Api, internal
+    from specviz.mainthread import Interrupted, MainThreadRunner
+
+    runner, until, release = MainThreadRunner(), threading.Event(), threading.Event()
+    server = threading.Thread(target=runner.serve_forever, kwargs={"poll_s": 0.05, "until": until}, daemon=True)
+    server.start()
+    while not runner.serving:
+        pass
+
+    def long_run():
+        yield 0
+        release.wait(20)
+        yield 1
+    held = runner.stream(long_run)
+    api = Api(lambda: None, runner)
+    ran = []
+
+    async def request():
+        waiting = asyncio.ensure_future(api.on_decode_thread(ran.append, "loaded"))
+        await asyncio.sleep(0.2)  # queued behind the run
+        until.set()  # the server stops ...
+        release.set()
+        held.close()  # ... once the running job ends: the queued load is cancelled
+        return await asyncio.wait_for(waiting, 20)
+    try:
+        assert next(held) == 0
+        with pytest.raises(ApiError) as info:
+            asyncio.run(request())
+    finally:
+        release.set()
+        until.set()
+        held.close()
+        server.join(10)
+    assert info.value.status == 503 and info.value.body()["error"]["code"] == "server_shutting_down"
+    assert ran == []
+    shaped = internal(Interrupted("the decode thread was interrupted"))
+    assert shaped.status == 503 and shaped.body()["error"]["code"] == "server_shutting_down"

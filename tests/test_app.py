@@ -797,3 +797,77 @@ def test_gradios_idle_polling_is_slowed():
     queue = demo._queue
     assert queue.sleep_when_free >= app_module.QUEUE_POLL_S
     assert queue.progress_update_sleep_when_free >= app_module.PROGRESS_POLL_S
+
+
+def test_every_decoding_event_lets_several_visitors_wait_in_the_apps_queue():
+    """A second tab's Run must start its handler at once and wait in the decode queue, where it shows
+    its place and sees Stop. gradio gives the events of one concurrency_id the lowest limit among them
+    (whichever arrives first), so a Lab button left at the default limit of 1 made a second tab's Run
+    wait in gradio's queue: its status read "Ready", its Stop was lost and later API calls went first."""
+    demo = app_module.build_demo()
+    fns = [f for f in demo.fns.values() if f.concurrency_id == "decode"]
+    names = {f.name for f in fns}
+    assert "run_decoding" in names and any(n.startswith("run_lab") for n in names)
+    for order in (fns, fns[::-1]):  # the limit gradio ends with, as its own queue computes it, either way round
+        queue = app_module.build_demo()._queue
+        for f in order:
+            queue.create_event_queue_for_fn(f)
+        assert queue.event_queue_per_concurrency_id["decode"].concurrency_limit == app_module.DECODE_EVENTS[
+            "concurrency_limit"] > 1
+
+
+def test_a_run_whose_load_waits_behind_another_run_shows_its_place_then_runs(tiny_app, monkeypatch):
+    """Models load on the decode thread, after the run it is decoding: the page says the run waits
+    and how many go first (it said "preparing the drafter" for the whole wait), then prepares and runs."""
+    import threading
+
+    from specviz.mainthread import MainThreadRunner
+
+    runner, until, release = MainThreadRunner(), threading.Event(), threading.Event()
+    server = threading.Thread(target=runner.serve_forever, kwargs={"poll_s": 0.05, "until": until}, daemon=True)
+    server.start()
+    while not runner.serving:
+        pass
+    monkeypatch.setattr(tiny_app, "RUNNER", runner)
+
+    def other_run():
+        yield 0
+        release.wait(20)
+        yield 1
+    other = runner.stream(other_run)
+    try:
+        assert next(other) == 0  # another visitor's run holds the decode thread
+        gen = tiny_app.run_decoding(*args(max_new=8, vanilla=False))
+        statuses, deadline = [], time.monotonic() + 15  # a regression fails, never hangs
+        for update in gen:
+            if time.monotonic() > deadline:
+                break
+            status = None if "__type__" in update else named(update).get("status")  # gr.skip() is a plain dict
+            if status:
+                statuses.append(status)
+            if any("waiting for the decoder: 1 run ahead" in s for s in statuses):
+                break
+        release.set()
+        assert list(other) == [1]
+        final = final_of(gen)
+    finally:
+        release.set()
+        other.close()
+        until.set()
+        server.join(10)
+    assert statuses[-2] == "● preparing the model drafter…", statuses  # shown first, then the place in line
+    assert "done" in final["status"], final["status"]
+
+
+def test_a_preload_cut_short_by_the_app_stopping_ends_quietly(monkeypatch, capsys):
+    """SIGTERM during the start-up preload: its thread printed a traceback; it now just ends."""
+    from specviz.mainthread import INTERRUPTED, Interrupted
+
+    class Stopped:
+        serving = True
+
+        def call(self, *a, **k):
+            raise Interrupted(INTERRUPTED)
+    monkeypatch.setattr(app_module, "RUNNER", Stopped())
+    app_module.preload()  # raises nothing
+    assert "Traceback" not in capsys.readouterr().err

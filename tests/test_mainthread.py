@@ -208,6 +208,31 @@ def test_a_call_waiting_behind_a_run_is_cancelled_by_stop_or_by_its_handler_clos
     assert runner.call(threading.get_ident) == server_tid and ran == []
 
 
+def test_a_call_waiting_behind_a_run_knows_its_place(served):
+    """A load queued behind another user's run says how many jobs go first (the page shows it, where it
+    used to say "preparing the drafter" for the whole wait), and 0 once it runs."""
+    runner, _ = served
+    release, seen = threading.Event(), []
+
+    def long_run():
+        yield 0
+        release.wait(10)
+        yield 1
+    first = runner.stream(long_run)
+    try:
+        assert next(first) == 0
+        a = runner.submit(lambda: seen.append(runner.jobs_ahead(a)) or "a")
+        b = runner.submit(lambda: "b")
+        assert (runner.jobs_ahead(a), runner.jobs_ahead(b)) == (1, 2)
+        release.set()
+        assert list(first) == [1]
+        assert (a.result(5), b.result(5)) == ("a", "b") and seen == [0]
+        assert runner.jobs_ahead(a) == runner.jobs_ahead(b) == 0
+    finally:
+        release.set()
+        first.close()
+
+
 def test_a_job_errors_reach_the_caller_as_plain_errors_and_the_server_goes_on(served):
     """StopIteration (asyncio cannot carry it across wrap_future: an API request hung) and a
     generator whose cleanup fails (it ended the serving thread) come back as errors; it serves on."""

@@ -46,3 +46,15 @@ def test_shorthand():
     assert parse_drafter("self:bf16", []) == {"kind": "self_quantized", "precision": "bfloat16"}
     with pytest.raises(SpecvizError, match="precision"):
         parse_drafter("self:int4", [])
+
+
+def test_the_pipeline_says_the_self_drafts_precision_not_the_targets(tiny_registry):
+    """The summary read "drafter the target in bfloat16 on cpu (float32)": the draft's dtype was the
+    target's. A self-draft reports its copy's precision; a drafter without weights of its own the target's."""
+    from specviz.pipeline import build_pipeline
+    from specviz.registry import load_registry
+
+    reg = load_registry(tiny_registry)
+    info = build_pipeline(reg, target="tiny-target", drafter="self:bf16").info()
+    assert info["draft"]["dtype"] == "bfloat16" and info["target"]["dtype"] == "float32"
+    assert build_pipeline(reg, pair="tiny-lookup").info()["draft"]["dtype"] == "float32"

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .. import drafters
-from ..mainthread import MainThreadRunner
+from ..mainthread import Interrupted, MainThreadRunner
 from ..registry import Registry
 from . import generate
 from .errors import ApiError, bad
@@ -68,6 +68,8 @@ class Api:
             return error_response(e)
         except ClientDisconnect:
             return Response(status_code=499)
+        except Interrupted:  # Ctrl-C or SIGTERM while this request waited or decoded: no stack trace to log
+            return error_response(stopping())
         except Exception as e:  # never a stack trace to the client; the log has it
             log.exception("specviz API: unexpected error")
             return error_response(internal(e))
@@ -117,9 +119,16 @@ class Api:
         """``fn(*args)`` on the decode thread, where models load (torch work in another thread slows
         decoding: mainthread.py), awaited without holding a worker thread (it may wait behind a long
         run); where nothing serves the queue, in a worker thread (never in the event loop's)."""
-        if self.runner.serving:
-            return await asyncio.wrap_future(self.runner.submit(fn, *args))
-        return await anyio.to_thread.run_sync(fn, *args)
+        if not self.runner.serving:
+            return await anyio.to_thread.run_sync(fn, *args)
+        fut = self.runner.submit(fn, *args)
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:  # the job, cancelled as serving ended (not this request: re-raised)
+            task = asyncio.current_task()
+            if fut.cancelled() and not (task is not None and task.cancelling()):
+                raise stopping() from None
+            raise
 
     async def generate(self, request: Request, kind: str) -> Response:
         limits = Limits.from_env()
@@ -183,6 +192,9 @@ class Api:
             yield "data: [DONE]\n\n"
         except ApiError as e:
             yield event(e.body())
+            yield "data: [DONE]\n\n"
+        except Interrupted:
+            yield event(stopping().body())
             yield "data: [DONE]\n\n"
         except Exception as e:  # the headers are gone: report in the stream, in the OpenAI shape
             log.exception("specviz API: error while streaming")
@@ -267,7 +279,13 @@ def model_card(reg: Registry, name: str) -> dict:
                 "pairs": [p.name for p in reg.pairs.values() if p.target == name]}}
 
 
+def stopping() -> ApiError:
+    return ApiError(503, "the server is shutting down: try again once it is back", None, "server_shutting_down")
+
+
 def internal(e: Exception) -> ApiError:
+    if isinstance(e, Interrupted):
+        return stopping()
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
         return ApiError(503, "the server ran out of memory: try fewer max_tokens or a shorter prompt", None,
                         "out_of_memory")
