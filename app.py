@@ -43,8 +43,9 @@ PAIR_CHOICE = "(the pair's)"
 # Every event that decodes: its handler starts at once and waits its turn in RUNNER's queue (which shows
 # the visitor their place and sees Stop). gradio gives all events of one concurrency_id the lowest
 # limit among them, so each of them must name the same limit: one event left at the default (1) made
-# a second tab's Run wait, unseen and deaf to Stop, in gradio's own queue.
-DECODE_EVENTS = dict(concurrency_id="decode", concurrency_limit=8)
+# a second tab's Run wait, unseen and deaf to Stop, in gradio's own queue. 16 visitors wait in view (a
+# classroom pressing Run together); gradio's 40 worker threads leave 24 for everything else.
+DECODE_EVENTS = dict(concurrency_id="decode", concurrency_limit=16)
 RUNNER = MainThreadRunner()  # the one decode queue; runs on the main thread when app.py is the program
 EXPORTS = Exports()
 STOPS = StopFlags()  # (session, "run" | "lab") -> the flag its Stop button sets
