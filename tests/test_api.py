@@ -492,19 +492,12 @@ def test_a_load_left_waiting_when_the_server_stops_is_a_503_not_a_crash():
 
     from specviz.api.errors import ApiError
     from specviz.api.server import Api, internal
-    from specviz.mainthread import Interrupted, MainThreadRunner
+    from specviz.mainthread import Interrupted
+    from tests.test_mainthread import holding, start_serving
 
-    runner, until, release = MainThreadRunner(), threading.Event(), threading.Event()
-    server = threading.Thread(target=runner.serve_forever, kwargs={"poll_s": 0.05, "until": until}, daemon=True)
-    server.start()
-    while not runner.serving:
-        pass
-
-    def long_run():
-        yield 0
-        release.wait(20)
-        yield 1
-    held = runner.stream(long_run)
+    runner, until, server = start_serving()
+    release = threading.Event()
+    held = runner.stream(holding(release))
     api = Api(lambda: None, runner)
     ran = []
 

@@ -821,20 +821,12 @@ def test_a_run_whose_load_waits_behind_another_run_shows_its_place_then_runs(tin
     and how many go first (it said "preparing the drafter" for the whole wait), then prepares and runs."""
     import threading
 
-    from specviz.mainthread import MainThreadRunner
+    from tests.test_mainthread import holding, start_serving
 
-    runner, until, release = MainThreadRunner(), threading.Event(), threading.Event()
-    server = threading.Thread(target=runner.serve_forever, kwargs={"poll_s": 0.05, "until": until}, daemon=True)
-    server.start()
-    while not runner.serving:
-        pass
+    runner, until, server = start_serving()
+    release = threading.Event()
     monkeypatch.setattr(tiny_app, "RUNNER", runner)
-
-    def other_run():
-        yield 0
-        release.wait(20)
-        yield 1
-    other = runner.stream(other_run)
+    other = runner.stream(holding(release))
     try:
         assert next(other) == 0  # another visitor's run holds the decode thread
         gen = tiny_app.run_decoding(*args(max_new=8, vanilla=False))

@@ -21,16 +21,32 @@ def counting(n, log=None, fail_at=None):
     return gen
 
 
-@pytest.fixture()
-def served():
+def start_serving(daemon: bool = True):
+    """A runner serving on a thread of its own, as app.py's main thread serves: (runner, until, thread)."""
     runner, until = MainThreadRunner(), threading.Event()
-    t = threading.Thread(target=runner.serve_forever, kwargs={"poll_s": 0.05, "until": until})
-    t.start()
+    thread = threading.Thread(target=runner.serve_forever, kwargs={"poll_s": 0.05, "until": until}, daemon=daemon)
+    thread.start()
     while not runner.serving:
         pass
+    return runner, until, thread
+
+
+def holding(release: threading.Event, timeout: float = 20):
+    """``make`` for a run that holds the serving thread (another visitor's) until ``release`` is set."""
+    def run():
+        yield 0
+        release.wait(timeout)
+        yield 1
+    return run
+
+
+@pytest.fixture()
+def served():
+    runner, until, t = start_serving(daemon=False)
     yield runner, t.ident
     until.set()
     t.join()
+
 
 
 def test_inline_without_server():
@@ -183,11 +199,7 @@ def test_a_call_waiting_behind_a_run_is_cancelled_by_stop_or_by_its_handler_clos
     runner, server_tid = served
     ran, release = [], threading.Event()
 
-    def long_run():
-        yield 0
-        release.wait(10)
-        yield 1
-    first = runner.stream(long_run)
+    first = runner.stream(holding(release))
     try:
         assert next(first) == 0  # the run holds the serving thread
         job, stop = runner.submit(ran.append, "stopped"), threading.Event()
@@ -214,11 +226,7 @@ def test_a_call_waiting_behind_a_run_knows_its_place(served):
     runner, _ = served
     release, seen = threading.Event(), []
 
-    def long_run():
-        yield 0
-        release.wait(10)
-        yield 1
-    first = runner.stream(long_run)
+    first = runner.stream(holding(release))
     try:
         assert next(first) == 0
         a = runner.submit(lambda: seen.append(runner.jobs_ahead(a)) or "a")
