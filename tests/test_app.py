@@ -602,6 +602,69 @@ def test_the_token_view_follows_a_live_run_unless_the_reader_scrolled_up():
         browser.close()
 
 
+@needs_chromium
+def test_a_crafted_long_token_wraps_in_the_inspector_instead_of_pushing_its_numbers_away():
+    """A saved run can carry any token text. A 3,000-character one (or a run of a token without spaces)
+    was laid out on one line (``white-space: pre``): the table grew ~30,000 px wide and its q, p and
+    decision columns, and the top-token list, were scrolled out of sight."""
+    from playwright.sync_api import sync_playwright
+
+    from specviz.events import Correction, IterationEvent
+    from specviz.view.tokens import inspector_html
+
+    long = "A" * 3000
+    e = IterationEvent(index=1, drafter="lookup", gamma=2, reason="crafted", proposed=[5, 6],
+                       proposed_text=[long, "ok"], q=[1.0, 1.0], p=[0.9, 0.1], q_raw=[1.0, 1.0], p_raw=[0.9, 0.1],
+                       accept_prob=[0.9, 0.1], draws=[0.2, 0.5], accepted=1,
+                       correction=Correction(token=7, text=long, kind="resample", p=0.8, top=[[7, long, 0.8]]),
+                       target_top=[], emitted=[5, 7], emitted_text=[long, long], draft_ms=1.0, verify_ms=2.0,
+                       tokens_total=2, proposed_total=2, accepted_total=1, elapsed_ms=3.0)
+    css = (Path(app_module.__file__).resolve().parent / "assets" / "specviz.css").read_text()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 800, "height": 900})
+        page.set_content(f"<style>{css}</style><div id='box' style='width: 700px'>{inspector_html(e, 2)}</div>")
+        widths = page.evaluate("""() => {
+            const s = document.querySelector('.sv-scroll');
+            const cells = [...document.querySelectorAll('.sv-table td')].map(c => c.getBoundingClientRect().right);
+            const items = [...document.querySelectorAll('.sv-top code, .sv-inspect b')].map(c => c.getBoundingClientRect().right);
+            return {scroll: s.scrollWidth, client: s.clientWidth, cells: Math.max(...cells), items: Math.max(...items)};
+        }""")
+        browser.close()
+    assert widths["scroll"] <= widths["client"] + 1, widths  # nothing to scroll sideways to
+    assert widths["cells"] <= 710 and widths["items"] <= 710, widths  # every column and list item within the box
+
+
+@needs_chromium
+def test_a_crafted_token_puts_no_link_or_markup_into_the_inspector_chart():
+    """Plotly reads a subset of HTML in its labels: a saved run whose token text was
+    ``<a href="https://...">`` drew a clickable link to anywhere into the inspector's chart."""
+    from playwright.sync_api import sync_playwright
+
+    from specviz.events import Correction, IterationEvent
+    from specviz.view.charts import inspector_figure
+
+    evil = '<a href="https://example.invalid/login">Sign in again</a><b>bold</b>'
+    e = IterationEvent(index=1, drafter="lookup", gamma=1, reason="crafted", proposed=[5], proposed_text=[evil],
+                       q=[0.5], p=[0.2], q_raw=[0.5], p_raw=[0.2], accept_prob=[0.4], draws=[0.9], accepted=0,
+                       correction=Correction(token=7, text=evil, kind="resample", p=0.8, top=[[7, evil, 0.8], [8, "x" * 500, 0.2]]),
+                       target_top=[], emitted=[7], emitted_text=[evil], draft_ms=1.0, verify_ms=2.0,
+                       tokens_total=1, proposed_total=1, accepted_total=0, elapsed_ms=3.0)
+    page_html = inspector_figure(e).to_html(include_plotlyjs=True, full_html=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 900, "height": 500})
+        page.set_content(page_html)
+        page.wait_for_selector(".xtick text", timeout=30_000)
+        found = page.evaluate("""() => ({links: document.querySelectorAll('svg a').length,
+            bold: [...document.querySelectorAll('svg text tspan')].filter(t => t.style.fontWeight === 'bold').length,
+            ticks: [...document.querySelectorAll('.xtick text')].map(t => t.textContent)})""")
+        browser.close()
+    assert found["links"] == 0 and found["bold"] == 0, found
+    assert any('<a href="https://example.inval' in t for t in found["ticks"]), found  # shown as text
+    assert max(len(t) for t in found["ticks"]) <= 40, found  # a 500-character token is cut short
+
+
 def test_preload_measures_the_cost_profile_in_the_decode_queue(monkeypatch):
     """The start-up preload loads and warms up (measures the cost profile) as jobs of the decode
     queue: on the thread that serves decode, never beside a Run."""

@@ -17,7 +17,7 @@ from ..engine import DecodeConfig, Run, speculative_step
 from ..exactness import compare
 from ..pipeline import Pipeline
 from ..sampling import SamplingConfig, logits_to_probs
-from ..view.charts import COLORS, layout
+from ..view.charts import COLORS, layout, token_label
 from . import broken
 from ..trace import Trace
 from .common import Progress, Settings, greedy_cfg, jsonable
@@ -201,7 +201,7 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
 
 def _bars(fig, check: Check, col: int, name: str, color: str, with_exact: bool) -> None:
     top = list(check.exact)
-    labels = [repr(check.labels.get(t, str(t))) for t in top] + ["other"]
+    labels = [token_label(check.labels.get(t, str(t))) for t in top] + ["other"]
     n = max(1, check.samples)
     if with_exact:
         exact = [check.exact[t] for t in top]

@@ -3,6 +3,8 @@ points), since a streaming page receives each figure whole every time it is redr
 
 from __future__ import annotations
 
+import html
+
 import plotly.graph_objects as go
 
 from ..events import IterationEvent
@@ -15,6 +17,16 @@ COLORS = {"accepted": "#2e9e5b", "rejected": "#d64545", "resample": "#e08a1e", "
           # p and q apart from the token colours (blue was the bonus token's, orange the resampled one's): the
           # target's p in cyan, the draft's q in slate (the residual r, after a refusal, keeps the resampled orange)
           "p": "#0891b2", "q": "#64748b"}
+
+
+def token_label(text: str, limit: int = 32) -> str:
+    """A token as a chart label: quoted (whitespace shows), at most ``limit`` characters, and escaped.
+    Plotly reads a subset of HTML in labels (<a href>, <b>, <br>...): a saved run's token text must not
+    put a link or markup into the page's charts."""
+    shown = repr(text)
+    if len(shown) > limit:
+        shown = shown[:limit - 1] + "…"
+    return html.escape(shown, quote=False)
 
 
 def layout(fig: go.Figure, title: str, x: str, y: str, height: int = 260) -> go.Figure:
@@ -106,7 +118,7 @@ def time_split_figure(spec: Trace, vanilla: Trace | None) -> go.Figure:
 def inspector_figure(e: IterationEvent | None) -> go.Figure:
     fig = go.Figure()
     if e is not None and e.proposed and len(e.p) == len(e.q) == len(e.proposed):
-        labels = [f"{i + 1}: {t!r}" for i, t in enumerate(e.proposed_text)]
+        labels = [f"{i + 1}: {token_label(t)}" for i, t in enumerate(e.proposed_text)]
         fig.add_bar(x=labels, y=e.q, name="q (draft)", marker_color=COLORS["q"])
         fig.add_bar(x=labels, y=e.p, name="p (target)", marker_color=COLORS["p"])
         if all(x in (0.0, 1.0) for x in e.p):  # greedy: p and q are one-hot; show the softmax too
@@ -116,11 +128,11 @@ def inspector_figure(e: IterationEvent | None) -> go.Figure:
         if c.kind == "resample" and c.top and not one_hot(e):
             # the step a class most needs to see: after the refusal the target draws from the residual
             r = c.top  # the same tokens the inspector lists under the table
-            fig.add_bar(x=[f"r: {t!r}" for _, t, _ in r], y=[pr for _, _, pr in r], marker_color=COLORS["resample"],
+            fig.add_bar(x=[f"r: {token_label(t)}" for _, t, _ in r], y=[pr for _, _, pr in r], marker_color=COLORS["resample"],
                         name=f"r = norm(max(0, p − q)) at position {e.accepted + 1}, its top tokens")
         fig.update_layout(barmode="group")
     elif e is not None:
-        labels = [repr(t) for _, t, _ in e.correction.top]
+        labels = [token_label(t) for _, t, _ in e.correction.top]
         fig.add_bar(x=labels, y=[p for _, _, p in e.correction.top], name="p (target)", marker_color=COLORS["p"])
     fig.update_yaxes(range=[0, 1.05])
     shows_r = any(str(t.name).startswith("r = ") for t in fig.data)
