@@ -628,11 +628,16 @@ def test_a_crafted_long_token_wraps_in_the_inspector_instead_of_pushing_its_numb
             const s = document.querySelector('.sv-scroll');
             const cells = [...document.querySelectorAll('.sv-table td')].map(c => c.getBoundingClientRect().right);
             const items = [...document.querySelectorAll('.sv-top code, .sv-inspect b')].map(c => c.getBoundingClientRect().right);
-            return {scroll: s.scrollWidth, client: s.clientWidth, cells: Math.max(...cells), items: Math.max(...items)};
+            const lines = c => { const r = document.createRange(); r.selectNodeContents(c);
+                                 return new Set([...r.getClientRects()].map(x => Math.round(x.top))).size; };
+            const split = [...document.querySelectorAll('.sv-table th, .sv-table td:not(:nth-child(2))')]
+                .filter(c => !/\\s/.test(c.innerText.trim()) && lines(c) > 1).map(c => c.innerText);
+            return {scroll: s.scrollWidth, client: s.clientWidth, cells: Math.max(...cells), items: Math.max(...items), split};
         }""")
         browser.close()
     assert widths["scroll"] <= widths["client"] + 1, widths  # nothing to scroll sideways to
     assert widths["cells"] <= 710 and widths["items"] <= 710, widths  # every column and list item within the box
+    assert not widths["split"], widths  # only the token column breaks inside a word: "toke/n", "0./8" read as noise
 
 
 @needs_chromium
