@@ -374,7 +374,7 @@ def build_demo() -> gr.Blocks:
                                           label="vLLM URL(s): speculative[, vanilla] (for vLLM at a URL)")
                 with gr.Accordion("Replay a saved run (no model needed)", open=False):
                     upload = gr.File(label="specviz run (.json)", file_types=[".json"])
-                api_panel(demo, pair, target, drafter, prompt, chat, gamma, temperature, top_p, max_new, seed, top_k)
+                api_panel(demo, pair, target, drafter, prompt, chat, gamma, temperature, top_p, max_new, seed, top_k, costs)
             with gr.Column(scale=3, min_width=480):
                 C["status"] = gr.Markdown("Ready. Press **Run**.", elem_id="sv-status")
                 gr.HTML(tokens.LEGEND)
@@ -556,7 +556,7 @@ decoding; `usage.speculative` says what speculation did. The API and this page s
 turns in one decode queue. These calls use the settings above:"""
 
 
-def api_panel(demo, pair, target, drafter, prompt, chat, gamma, temperature, top_p, max_new, seed, top_k) -> None:
+def api_panel(demo, pair, target, drafter, prompt, chat, gamma, temperature, top_p, max_new, seed, top_k, costs) -> None:
     """The page's pointer to the API: a copyable curl and Python call with the current settings."""
     from specviz.api.snippets import page_draft_model, request_body, snippets
 
@@ -564,13 +564,14 @@ def api_panel(demo, pair, target, drafter, prompt, chat, gamma, temperature, top
         gr.Markdown(API_INTRO)
         curl = gr.Code(language="shell", label="curl", interactive=False, elem_id="sv-api-curl")
         python = gr.Code(language="python", label="Python (pip install openai)", interactive=False)
-    inputs = [pair, target, drafter, prompt, chat, gamma, temperature, top_p, max_new, seed, top_k]
+    inputs = [pair, target, drafter, prompt, chat, gamma, temperature, top_p, max_new, seed, top_k, costs]
 
-    def show(pair_, target_, drafter_, prompt_, chat_, gamma_, temperature_, top_p_, max_new_, seed_, top_k_,
+    def show(pair_, target_, drafter_, prompt_, chat_, gamma_, temperature_, top_p_, max_new_, seed_, top_k_, costs_,
              request: gr.Request = None):
         try:
             model, draft = page_draft_model(REGISTRY, pair_, _custom(target_), _custom(drafter_))
-            body = request_body(model, prompt_, bool(chat_), draft, gamma_, temperature_, top_p_, max_new_, seed_, top_k_)
+            body = request_body(model, prompt_, bool(chat_), draft, gamma_, temperature_, top_p_, max_new_, seed_, top_k_,
+                                costs_)
         except (SpecvizError, TypeError, ValueError):
             return gr.skip(), gr.skip()
         headers = getattr(request, "headers", None) or {}

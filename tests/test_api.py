@@ -171,6 +171,11 @@ def _err(client, **kw):
      "speculative.num_speculative_tokens", "between 1 and 31"),
     ({"speculative": {"draft_model": "tiny-other"}}, 400, "speculative.draft_model", "tokenizer"),
     ({"speculative": {"draft": "lookup"}}, 400, "speculative", "unknown field"),
+    ({"speculative": {"draft_model": "lookup", "costs": "fast"}}, 400, "speculative.costs", '"reference" or a list'),
+    ({"speculative": {"draft_model": "lookup", "costs": []}}, 400, "speculative.costs", "1 to 32 positive numbers"),
+    ({"speculative": {"draft_model": "lookup", "costs": [1.0] * 33}}, 400, "speculative.costs", "1 to 32"),
+    ({"speculative": {"draft_model": "lookup", "costs": [1.0, 0]}}, 400, "speculative.costs", "must be in (0, 1000]"),
+    ({"speculative": {"draft_model": "lookup", "costs": [1.0, "2"]}}, 400, "speculative.costs", 'got "2"'),
     ({"model": "tiny-draft", "speculative": {"draft_model": "auto"}}, 400, "speculative.draft_model", "no pair"),
     ({"speculative": {"draft_model": "early-exit:9"}}, 400, "speculative.draft_model", "layer"),
     ({"temperature": -1}, 400, "temperature", "temperature must be in"),
@@ -378,6 +383,13 @@ def test_page_points_to_the_api_and_its_snippets_run(server, tiny_reg, capsys):
     exec(compile(python, "snippet", "exec"), {})
     assert "'mode': 'speculative'" in capsys.readouterr().out
     assert "top_k" not in request_body("tiny-target", PROMPT, top_k=0)
+    # the page's reference profile reaches the call (its seeded sampled run then repeats through the API)
+    body = request_body("tiny-target", PROMPT, True, "lookup", 4, 0.8, 1.0, 8, 5, costs="reference")
+    assert body["speculative"]["costs"] == "reference"
+    curl, python = snippets(server, body)
+    exec(compile(python, "snippet", "exec"), {})
+    assert "'source': 'pinned'" in capsys.readouterr().out
+    assert "costs" not in request_body("tiny-target", PROMPT, costs="measured")["speculative"]
 
 
 def test_a_full_queue_answers_429_with_retry_after(client, monkeypatch):
@@ -464,6 +476,37 @@ def test_one_gamma_limit_everywhere_within_the_exact_passes():
     DecodeConfig(gamma=MAX_GAMMA)
     with pytest.raises(SpecvizError, match="between 1 and 31"):
         DecodeConfig(gamma=MAX_GAMMA + 1)
+
+
+def test_a_pinned_cost_profile_repeats_a_seeded_speculative_sample_beyond_this_server(client):
+    """The lookup drafter chooses its proposal lengths from the cost profile the server measured at its
+    first run, so a seeded, sampled speculative request gave other text after a restart, and the API had
+    no way to pin it. ``speculative.costs`` pins it ("reference", or the ``usage.speculative.costs.v`` an
+    earlier response reported, unrounded), and the lengths follow the profile given."""
+    from specviz.costs import REFERENCE
+
+    def ask(costs=None, seed=11):
+        spec = {"draft_model": "lookup", "num_speculative_tokens": 4}
+        if costs is not None:
+            spec["costs"] = costs
+        r = client.completions.create(model="tiny-target", prompt=PROMPT * 3, max_tokens=24, temperature=1.0,
+                                      seed=seed, extra_body={"speculative": spec})
+        return r.choices[0].text, r.usage.speculative
+
+    text, used = ask()
+    assert used["costs"]["source"].startswith("measured") and len(used["costs"]["v"]) == 5
+    again, pinned = ask(used["costs"]["v"])
+    assert (again, pinned["proposed"], pinned["accepted"]) == (text, used["proposed"], used["accepted"])
+    assert pinned["costs"] == {"source": "pinned", "v": used["costs"]["v"]}
+    assert ask("reference")[1]["costs"]["v"] == list(REFERENCE)
+    assert ask("measured")[1]["costs"] == used["costs"]
+    # the profile is what the lengths are chosen by: a pass that costs 100 steps is never worth proposing
+    _, dear = ask([1.0] + [100.0] * 4)
+    _, cheap = ask([1.0] * 5)
+    assert dear["proposed"] == 0 and cheap["proposed"] > 0, (dear, cheap)
+    # plain decoding has no drafter to hand a profile to
+    r = client.completions.create(model="tiny-target", prompt=PROMPT, max_tokens=4, extra_body={"speculative": None})
+    assert r.usage.speculative["costs"] is None
 
 
 def test_any_int64_seed_is_taken_and_a_negative_one_seeds_as_torch_reads_it(client, tiny_reg):

@@ -159,8 +159,9 @@ def config(req: GenRequest, p: Plan) -> DecodeConfig:
         sampling = SamplingConfig(req.temperature, req.top_k, req.top_p)
         seed = req.seed if req.seed is not None else secrets.randbelow(2 ** 31)
         # a negative int64 seeds the generator as torch itself reads it (two's complement)
+        costs = req.speculative.costs if req.speculative is not None else None
         return DecodeConfig(gamma=p.gamma or DEFAULT_GAMMA, max_new_tokens=req.max_tokens, sampling=sampling,
-                            seed=seed % 2 ** 64)
+                            seed=seed % 2 ** 64, costs=costs)
     except SpecvizError as e:
         raise bad(str(e)) from None
 
@@ -221,7 +222,7 @@ def decode(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, p: Plan, stops: li
              "drafter": None, "num_speculative_tokens": cfg.gamma if p.speculative else 0,
              "target_passes": 0, "proposed": 0, "accepted": 0, "acceptance_rate": None, "tokens_per_pass": None,
              "prefill_ms": 0.0, "draft_ms": 0.0, "verify_ms": 0.0, "decode_ms": 0.0,
-             "queue_ms": round(queued_s * 1000.0, 1),
+             "queue_ms": round(queued_s * 1000.0, 1), "costs": None,
              "seed": cfg.seed - 2 ** 64 if cfg.seed >= 2 ** 63 else cfg.seed}  # as the request gave it (int64)
     if p.pair:
         stats["pair"] = p.pair
@@ -232,6 +233,7 @@ def decode(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, p: Plan, stops: li
                 stats["prefill_ms"] = ev.prefill_ms
                 if p.speculative:
                     stats["drafter"] = ev.drafter.get("name")
+                    stats["costs"] = ev.costs or None  # the profile a cost-aware drafter chose lengths by
             elif isinstance(ev, IterationEvent):
                 stats["target_passes"] += 1
                 stats["proposed"] += len(ev.proposed)

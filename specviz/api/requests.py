@@ -50,6 +50,7 @@ class Limits:
 class Speculative:
     draft_model: str | None  # None: plain decoding; "auto", "lookup[:N]", "early-exit:L" or a model
     num_speculative_tokens: int | None = None  # None: the recommended pair's gamma
+    costs: tuple[float, ...] | None = None  # a pinned cost profile (None: this server's measured one)
 
 
 @dataclass
@@ -222,10 +223,10 @@ def _speculative(value) -> Speculative | None:
     if not isinstance(value, dict):
         raise bad("speculative must be an object like {\"draft_model\": \"lookup\", \"num_speculative_tokens\": 4} "
                   "or null", "speculative")
-    extra = set(value) - {"draft_model", "num_speculative_tokens"}
+    extra = set(value) - {"draft_model", "num_speculative_tokens", "costs"}
     if extra:
-        raise bad(f"speculative: unknown field(s) {', '.join(sorted(extra))}; it takes draft_model and "
-                  "num_speculative_tokens", "speculative")
+        raise bad(f"speculative: unknown field(s) {', '.join(sorted(extra))}; it takes draft_model, "
+                  "num_speculative_tokens and costs", "speculative")
     draft = value.get("draft_model", "auto")
     if draft is not None and (not isinstance(draft, str) or not draft.strip()):
         raise bad("speculative.draft_model must be \"auto\", a drafter (\"lookup\", \"early-exit:L\", \"recycling\", "
@@ -234,9 +235,28 @@ def _speculative(value) -> Speculative | None:
     n = value.get("num_speculative_tokens")
     if n is not None:
         n = _int(n, "speculative.num_speculative_tokens", 1, MAX_SPECULATIVE_TOKENS)
+    costs = _costs(value.get("costs"))
     if draft is None:
         return None
-    return Speculative(draft.strip(), n)
+    return Speculative(draft.strip(), n, costs)
+
+
+def _costs(value) -> tuple[float, ...] | None:
+    """``speculative.costs``: "measured" (or null: this server's profile, measured at its first run),
+    "reference" (the one shipped in specviz/costs.py), or a profile as ``usage.speculative.costs.v``
+    reports it. The lookup and head drafters choose proposal lengths from it, so a seeded sampled
+    run repeats across servers and restarts only with the profile pinned."""
+    from ..costs import REFERENCE
+
+    if value is None or value == "measured":
+        return None
+    if value == "reference":
+        return REFERENCE
+    param = "speculative.costs"
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_SPECULATIVE_TOKENS + 1:
+        raise bad(f"{param} must be \"measured\", \"reference\" or a list of 1 to {MAX_SPECULATIVE_TOKENS + 1} "
+                  f"positive numbers (usage.speculative.costs.v of an earlier response), got {_show(value)}", param)
+    return tuple(_num(x, param, 0.0, 1e3, lo_open=True) for x in value)
 
 
 def parse(body, kind: str, limits: Limits) -> GenRequest:

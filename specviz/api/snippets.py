@@ -11,7 +11,8 @@ MAX_SNIPPET_PROMPT = 2000
 
 def request_body(model: str, prompt: str, chat: bool = True, draft_model: str | None = "auto",
                  num_speculative_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                 max_tokens: int = 128, seed: int | None = 0, top_k: int | None = 0) -> dict:
+                 max_tokens: int = 128, seed: int | None = 0, top_k: int | None = 0, costs: str | None = None) -> dict:
+    """``costs``: the page's cost-profile choice ("reference" is sent; "measured" is the API's default)."""
     prompt = str(prompt or "")[:MAX_SNIPPET_PROMPT]
     body: dict = {"model": model}
     if chat:
@@ -30,6 +31,8 @@ def request_body(model: str, prompt: str, chat: bool = True, draft_model: str | 
         spec: dict = {"draft_model": draft_model}
         if num_speculative_tokens:
             spec["num_speculative_tokens"] = int(num_speculative_tokens)
+        if costs == "reference":  # a seeded sampled run then repeats on any server, as on the page
+            spec["costs"] = "reference"
         body["speculative"] = spec
     return body
 
