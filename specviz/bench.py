@@ -67,6 +67,8 @@ def load_prompts(path: str | Path, limit: int | None = None, categories: list[st
             cat = str(row.get("category", "all"))
         except (KeyError, IndexError, TypeError, AttributeError):
             raise SpecvizError(f"{path}:{n}: expected a JSON object with a 'turns' list of strings") from None
+        if not prompt.strip():  # said where it is, not as "the prompt is empty" after the model's load
+            raise SpecvizError(f"{path}:{n}: the first turn is empty")
         seen.add(cat)
         if categories and cat not in categories and not ("mt_bench" in categories and cat in MT_BENCH):
             continue
@@ -348,20 +350,27 @@ def machine() -> dict:
             "python": platform.python_version(), "platform": platform.platform(), "load_average": load}
 
 
-def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
-         others: list[Pipeline] | None = None, vllm=None) -> int:
-    gammas = args.gamma or [pipe.gamma]
-    for g in gammas:
-        if g < 1:
-            raise SpecvizError(f"gamma must be >= 1, got {g}")
+def check_settings(args) -> None:
+    """Refuse what needs no model: the CLI calls this before its load (~20 s on a CPU), so that
+    ``--repeats 0`` or an unwritable ``--progress`` is one line at once, not after the load."""
+    for g in args.gamma or []:
+        DecodeConfig(gamma=g)
+    DecodeConfig(max_new_tokens=args.max_new_tokens)
     for t in args.temperature:
         SamplingConfig(t)
     repeats = getattr(args, "repeats", 1)
     if repeats < 1:
         raise SpecvizError(f"--repeats must be >= 1, got {repeats}")
+    if getattr(args, "progress", None):
+        _append(args.progress, [])  # unwritable: say so now, not after the first prompt
+
+
+def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
+         others: list[Pipeline] | None = None, vllm=None) -> int:
+    check_settings(args)
+    gammas = args.gamma or [pipe.gamma]
+    repeats = getattr(args, "repeats", 1)
     progress = getattr(args, "progress", None)
-    if progress:
-        _append(progress, [])  # unwritable: say so now, not after the first prompt
     others = list(others or [])
     try:
         from tqdm import tqdm
@@ -381,42 +390,48 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
     jobs = [(g, t) for g in gammas for t in args.temperature]
     bar = tqdm(total=len(jobs) * len(prompts), file=sys.stderr, desc="bench", disable=tqdm is None) if tqdm else None
     t0 = time.time()
-    for g, t in jobs:
-        results: list[list[PromptResult]] = []
-        for row in prompts:
-            results.append(run_prompt(pipe, row, g, t, args.max_new_tokens, args.seed, not args.no_peer,
-                                      chat=not args.no_chat, costs=costs, repeats=repeats, others=others,
-                                      vllm=vllm, own_gamma=not args.gamma))
-            if progress:
-                _append(progress, [dict(pair=p.name, **_record(r))
-                                   for p, r in zip([pipe] + others, results[-1])])
-            if bar:
-                bar.update(1)
-                r = results[-1][0]
-                bar.set_postfix_str(f"{r.category} {r.id}: {r.vanilla_ms / r.spec_ms:.2f}x"
-                                    + (f", transformers {r.hf_plain_ms / r.hf_assisted_ms:.2f}x" if r.hf_assisted_ms else ""))
-        for i, p in enumerate([pipe] + others):
-            mine = [r[i] for r in results]
-            rows = summarize(mine)
-            pg = mine[0].gamma  # what run_prompt ran this pair at
-            out["configs"].append({"pair": p.name, "gamma": pg, "temperature": t, "rows": [asdict(r) for r in rows],
-                                   "prompts": [_record(r) for r in mine]})
-            if not args.json:
+    try:
+        for g, t in jobs:
+            results: list[list[PromptResult]] = []
+            for row in prompts:
+                results.append(run_prompt(pipe, row, g, t, args.max_new_tokens, args.seed, not args.no_peer,
+                                          chat=not args.no_chat, costs=costs, repeats=repeats, others=others,
+                                          vllm=vllm, own_gamma=not args.gamma))
+                if progress:
+                    _append(progress, [dict(pair=p.name, **_record(r))
+                                       for p, r in zip([pipe] + others, results[-1])])
                 if bar:
-                    bar.clear()
-                print(f"\n## {p.name}: gamma {pg}, temperature {t}, {args.max_new_tokens} new tokens, "
-                      f"{len(prompts)} prompt{'s' * (len(prompts) != 1)} x {repeats} repeat{'s' * (repeats != 1)}, {pipe.target.device} "
-                      f"{str(pipe.target.dtype).replace('torch.', '')}, kernels: {pipe.target.kernels}")
-                print(table(rows))
-                for r in mine:
-                    if r.identical is False:
-                        print(f"  prompt {r.id} ({r.category}): {r.divergence}")
-                    if not r.stable_output:
-                        print(f"  prompt {r.id} ({r.category}): speculative repeats gave different outputs")
-                noisy = [r for r in mine if r.noisy]
-                if noisy:
-                    print(f"  noisy (repeats differ by > {NOISY:.0%}): " + ", ".join(
-                        f"{r.id} ({r.spread:.0%})" for r in noisy))
+                    bar.update(1)
+                    r = results[-1][0]
+                    bar.set_postfix_str(f"{r.category} {r.id}: {r.vanilla_ms / r.spec_ms:.2f}x"
+                                        + (f", transformers {r.hf_plain_ms / r.hf_assisted_ms:.2f}x" if r.hf_assisted_ms else ""))
+            for i, p in enumerate([pipe] + others):
+                mine = [r[i] for r in results]
+                rows = summarize(mine)
+                pg = mine[0].gamma  # what run_prompt ran this pair at
+                out["configs"].append({"pair": p.name, "gamma": pg, "temperature": t, "rows": [asdict(r) for r in rows],
+                                       "prompts": [_record(r) for r in mine]})
+                if not args.json:
+                    if bar:
+                        bar.clear()
+                    print(f"\n## {p.name}: gamma {pg}, temperature {t}, {args.max_new_tokens} new tokens, "
+                          f"{len(prompts)} prompt{'s' * (len(prompts) != 1)} x {repeats} repeat{'s' * (repeats != 1)}, {pipe.target.device} "
+                          f"{str(pipe.target.dtype).replace('torch.', '')}, kernels: {pipe.target.kernels}")
+                    print(table(rows))
+                    for r in mine:
+                        if r.identical is False:
+                            print(f"  prompt {r.id} ({r.category}): {r.divergence}")
+                        if not r.stable_output:
+                            print(f"  prompt {r.id} ({r.category}): speculative repeats gave different outputs")
+                    noisy = [r for r in mine if r.noisy]
+                    if noisy:
+                        print(f"  noisy (repeats differ by > {NOISY:.0%}): " + ", ".join(
+                            f"{r.id} ({r.spread:.0%})" for r in noisy))
+    except BaseException:
+        if bar:  # its line cleared: an error reads as the one line it is, not glued to the bar
+            bar.leave = False
+            bar.close()
+        raise
     out["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     if bar:
         bar.close()

@@ -219,11 +219,18 @@ def cmd_check(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    from .bench import check_settings, load_prompts
     from .bench import main as bench_main
-    from .bench import load_prompts
     from .costs import load_costs
+    from .registry import load_registry
 
-    prompts = load_prompts(args.prompts, args.limit, args.categories, args.skip)  # fail fast, before loading
+    # everything that needs no model is refused before the load (~20 s on a CPU)
+    prompts = load_prompts(args.prompts, args.limit, args.categories, args.skip)
+    check_settings(args)
+    costs = load_costs(args.costs)
+    reg = load_registry(args.models)
+    for name in args.compare:
+        reg.pair(name)  # an unknown name is said with the known ones
     pipe = _pipeline(args)
     others = []
     for name in args.compare:
@@ -241,7 +248,7 @@ def cmd_bench(args) -> int:
             urls = [u.strip() for u in args.peer_vllm.split(",")]
             vllm = VLLMBackend.connect(urls[0], urls[1] if len(urls) > 1 else None, pair=pipe.name)
     try:
-        return bench_main(args, prompts, pipe, load_costs(args.costs), others, vllm)
+        return bench_main(args, prompts, pipe, costs, others, vllm)
     finally:
         if vllm is not None:
             vllm.close()

@@ -50,6 +50,9 @@ def test_load_prompts_limit_skip_categories(prompt_file):
     for kw in ({"skip": -1}, {"limit": -1}):
         with pytest.raises(SpecvizError, match=">= 0"):
             load_prompts(prompt_file, **kw)
+    bad.write_text('{"turns": ["a"]}\n{"turns": ["  \\n"]}\n')  # said "the prompt is empty", nowhere, after a load
+    with pytest.raises(SpecvizError, match=r"bad.jsonl:2: the first turn is empty"):
+        load_prompts(bad)
 
 
 def test_bench_runs_end_to_end_with_peer(capsys, tiny_registry, prompt_file):
@@ -176,12 +179,24 @@ def test_bench_flags_noisy_prompts():
     assert row.noisy == 1 and row.speedup_total == pytest.approx(2.0)
 
 
-def test_bench_rejects_bad_repeats_and_compare(capsys, tiny_registry, prompt_file):
+def test_bench_rejects_bad_settings_before_loading_a_model(capsys, tiny_registry, prompt_file, tmp_path, monkeypatch):
+    """Each was refused only after the model's load (~25 s on the default pair, minutes on a busy box),
+    and --max-new-tokens 0 printed its error glued to the progress bar's line."""
+    import specviz.cli
+
+    monkeypatch.setattr(specviz.cli, "_pipeline", lambda args: pytest.fail("loaded a model first"))
     base = ["bench", "--models", str(tiny_registry), "--pair", "tiny-lookup", "--prompts", str(prompt_file),
             "--limit", "1", "--max-new-tokens", "4", "--no-peer"]
-    assert main(base + ["--repeats", "0"]) == 2
-    assert "repeats" in capsys.readouterr().err
-    assert main(base + ["--compare", "nope"]) == 2
+    for flags, needle in ((["--repeats", "0"], "--repeats must be >= 1"),
+                          (["--max-new-tokens", "0"], "max new tokens must be"),
+                          (["--gamma", "3", "0"], "gamma"),
+                          (["--temperature", "-1"], "temperature"),
+                          (["--compare", "nope"], "unknown pair 'nope'"),
+                          (["--costs", "[0]"], "cost profile"),
+                          (["--progress", str(tmp_path / "no" / "such" / "p.jsonl")], "--progress: cannot write")):
+        assert main(base + flags) == 2, flags
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1 and "Traceback" not in err, (flags, err)
 
 
 def test_bench_progress_file_gets_a_line_per_prompt_as_measured(capsys, tiny_registry, prompt_file, tmp_path):
