@@ -161,6 +161,10 @@ def _err(client, **kw):
 
 @pytest.mark.parametrize("kw,status,param,needle", [
     ({"model": "no-such-model"}, 404, "model", "does not exist"),
+    ({"model": 5}, 400, "model", "model must be a string, one of the ids GET /v1/models lists; got 5"),
+    ({"model": None}, 400, "model", "got null"),
+    ({"model": ""}, 400, "model", "model is required"),
+    ({"speculative": {"draft_model": "self:fp8"}}, 400, "speculative.draft_model", "one of bf16, bfloat16, int8, qint8, got 'fp8'"),
     ({"stream": True, "stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage",
      "true or false"),
     ({"model": "tiny-lookup"}, 404, "model", "is a pair: ask for its target 'tiny-target'"),

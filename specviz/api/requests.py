@@ -275,8 +275,10 @@ def parse(body, kind: str, limits: Limits) -> GenRequest:
             raise bad(f"{name} belongs to {endpoint}", name)
         raise bad(f"unrecognized request argument: {name}", name)
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if "model" not in body or model == "":
         raise bad("model is required: one of the ids GET /v1/models lists", "model")
+    if not isinstance(model, str):
+        raise bad(f"model must be a string, one of the ids GET /v1/models lists; got {_show(model)}", "model")
     req = GenRequest(kind, model)
     if kind == "chat":
         req.messages = _messages(body.get("messages"))

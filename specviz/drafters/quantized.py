@@ -72,7 +72,7 @@ class SelfDraftKind(DrafterKind):
 
     def parse(self, arg: str) -> dict:
         if (arg or "int8") not in PRECISIONS:
-            raise SpecvizError(f"self draft precision must be one of {sorted(PRECISIONS)}, got {arg!r}")
+            raise SpecvizError(f"self draft precision must be one of {', '.join(sorted(PRECISIONS))}, got {arg!r}")
         return {"kind": self.name, "precision": PRECISIONS[arg or "int8"]}
 
     def check(self, spec: dict, where: str, base=None) -> dict:
