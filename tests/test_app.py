@@ -106,17 +106,18 @@ def test_typed_slider_values_are_clamped_not_refused():
 
 
 def test_a_seed_a_browser_holds_exactly_is_taken():
-    """Up to 2^53 a typed seed is the seed that runs (a double holds it exactly). Above, gradio 6 hands
+    """Up to 2^53 - 1 a typed seed is the seed that runs (a double holds it exactly). Above, gradio 6 hands
     the browser's rounded double over as an int (18446744073709551615 typed arrived as
     18446744073709552000 and was refused as out of range, naming a number nobody typed): refused by
-    its size whatever its type, with the way to use it."""
-    assert app_module.typed_seed(float(2 ** 53)) == 2 ** 53 and app_module.typed_seed(None) == 0
-    assert app_module.typed_seed(2 ** 53) == 2 ** 53 and app_module.typed_seed(7) == 7
+    its size whatever its type, with the way to use it. 2^53 itself is refused: 2^53 + 1 typed arrives
+    as 2^53 and ran with no word while the box showed ...993."""
+    assert app_module.typed_seed(float(2 ** 53 - 1)) == 2 ** 53 - 1 and app_module.typed_seed(None) == 0
+    assert app_module.typed_seed(2 ** 53 - 1) == 2 ** 53 - 1 and app_module.typed_seed(7) == 7
     for seed in (-5, -1.0, 1.5):  # refused naming the range this box holds, not the engine's 2^64 - 1
-        with pytest.raises(app_module.SpecvizError, match=r"from 0 to 2\^53 \(9,007,199,254,740,992\) here") as e:
+        with pytest.raises(app_module.SpecvizError, match=r"from 0 to 2\^53 - 1 \(9,007,199,254,740,991\) here") as e:
             app_module.typed_seed(seed)
         assert "18446744073709551615" not in str(e.value)
-    for seed in (float(2 ** 53 + 2), 2 ** 53 + 2, 18446744073709552000, 2 ** 64 - 1):
+    for seed in (float(2 ** 53), 2 ** 53, float(2 ** 53 + 2), 2 ** 53 + 2, 18446744073709552000, 2 ** 64 - 1):
         with pytest.raises(app_module.SpecvizError, match="cannot be typed exactly.*/v1 API or the CLI"):
             app_module.typed_seed(seed)
 
