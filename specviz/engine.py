@@ -125,6 +125,11 @@ def check_prompt(prompt) -> str:
     """The prompt, refused when it is no text or only whitespace."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise SpecvizError("the prompt is empty")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # the tokenizer's own words were a TypeError about its input types
+        raise SpecvizError(f"the prompt holds text that is not valid Unicode at character {e.start + 1} "
+                           "(a lone surrogate, half of a character)") from None
     return prompt
 
 

@@ -194,13 +194,15 @@ def _check(value, hint, where: str):
             raise SchemaError(f"{where}: expected text, got {_show(value)}")
         if len(value) > MAX_STR:
             raise SchemaError(f"{where}: text longer than {MAX_STR:,} characters")
+        if not _unicode(value):
+            raise SchemaError(f"{where}: text that is not valid Unicode (a lone surrogate such as \\ud800)")
         return value
     if hint is dict or origin is dict:
         if not isinstance(value, dict):
             raise SchemaError(f"{where}: expected an object, got {_show(value)}")
         if len(value) > 64:
             raise SchemaError(f"{where}: more than 64 entries")
-        return {str(k): _plain(v, f"{where}.{k}", 3) for k, v in value.items()}
+        return {_check(k, str, f"{where} (a key)"): _plain(v, f"{where}.{k}", 3) for k, v in value.items()}
     if hint is list or origin is list:
         if not isinstance(value, list):
             raise SchemaError(f"{where}: expected a list, got {_show(value)}")
@@ -218,14 +220,26 @@ def _plain(value, where: str, depth: int):
     if value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, float):
-        return value if math.isfinite(value) else None
+        if not math.isfinite(value):  # was read as null: a NaN temperature showed the run as greedy
+            raise SchemaError(f"{where}: {_show(value)} is not a number")
+        return value
     if isinstance(value, str):
         return _check(value, str, where)
     if depth > 0 and isinstance(value, list) and len(value) <= 4096:
         return [_plain(v, f"{where}[{i}]", depth - 1) for i, v in enumerate(value)]
     if depth > 0 and isinstance(value, dict) and len(value) <= 64:
-        return {str(k): _plain(v, f"{where}.{k}", depth - 1) for k, v in value.items()}
+        return {_check(k, str, f"{where} (a key)"): _plain(v, f"{where}.{k}", depth - 1) for k, v in value.items()}
     raise SchemaError(f"{where}: unexpected value {_show(value)}")
+
+
+def _unicode(text: str) -> bool:
+    """Whether ``text`` can be sent as UTF-8: a lone surrogate (JSON's "\\ud800") cannot, and one in a
+    replayed run broke the visitor's page until it was reloaded (the server fails sending the update)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _show(value) -> str:
@@ -260,15 +274,46 @@ def from_dict(d: dict, where: str = "event") -> Event:
         n = len(ev.proposed)
         if len(ev.proposed_text) != n:
             raise SchemaError(f"{where}.proposed_text: {len(ev.proposed_text)} items for {n} proposals")
-        for name in ("q", "p", "accept_prob", "draws"):  # empty: a backend that does not know them
+        rule = ("q", "p", "accept_prob", "draws")  # all or none: a backend that does not know them has none
+        for name in rule + ("q_raw", "p_raw"):
             if len(getattr(ev, name)) not in (0, n):
                 raise SchemaError(f"{where}.{name}: {len(getattr(ev, name))} items for {n} proposals")
+        if n and len({len(getattr(ev, name)) for name in rule}) > 1:
+            raise SchemaError(f"{where}: q, p, accept_prob and draws are given for some proposals' rule, not all "
+                              f"({', '.join(f'{name} {len(getattr(ev, name))}' for name in rule)} for {n})")
         if not 0 <= ev.accepted <= n or len(ev.emitted_text) != len(ev.emitted):
             raise SchemaError(f"{where}: accepted/emitted do not match the proposals")
         if ev.correction.kind not in CORRECTION_KINDS:
             raise SchemaError(f"{where}.correction.kind: {_show(ev.correction.kind)} is not one of "
                               f"{', '.join(CORRECTION_KINDS)}")
+        _check_rule(ev, n, where)
     return ev
+
+
+def _check_rule(ev: IterationEvent, n: int, where: str) -> None:
+    """What the views state must be what the rule did: each examined proposal kept exactly when its
+    draw u < min(1, p/q), the kind of the target's token following from the count kept, and the
+    emitted tokens the kept proposals then that token (cut at EOS or the limit). A crafted file showed
+    "u = 0.990 (< min(1, p/q) = 0.1)" on a kept token, and one text in the token view, another in the
+    output."""
+    k = ev.accepted
+    kind = "sample" if n == 0 else "bonus" if k == n else "resample"
+    if ev.correction.kind != kind:
+        raise SchemaError(f"{where}.correction.kind: {ev.correction.kind} after {k} of {n} proposals kept; the "
+                          f"rule gives {kind}")
+    if ev.draws:
+        for i in range(min(k + 1, n)):
+            u, a = ev.draws[i], ev.accept_prob[i]
+            if u is None or (u < a) != (i < k):
+                said = "kept" if i < k else "refused"
+                raise SchemaError(f"{where}.draws[{i}]: u = {_show(u)} and min(1, p/q) = {a:g}, yet proposal "
+                                  f"{i + 1} was {said}: the rule keeps it exactly when u < min(1, p/q)")
+    whole = ev.proposed[:k] + [ev.correction.token]
+    if ev.emitted != whole[:len(ev.emitted)]:
+        raise SchemaError(f"{where}.emitted: not the {k} kept proposals then the target's own token")
+    same = min(k, len(ev.emitted))
+    if ev.emitted_text[:same] != ev.proposed_text[:same]:
+        raise SchemaError(f"{where}.emitted_text: the kept proposals' text differs from proposed_text")
 
 
 # A number may have the right type and still be no probability or time at all; views draw bars and
@@ -287,8 +332,10 @@ def _prob(x, where: str) -> None:
 def _top_probs(top, where: str) -> None:
     """``[[id, text, prob], ...]``: the prob of each alternative."""
     for i, entry in enumerate(top):
-        if not isinstance(entry, list) or len(entry) != 3:
+        if (not isinstance(entry, list) or len(entry) != 3 or isinstance(entry[0], bool)
+                or not isinstance(entry[0], int) or not isinstance(entry[1], str)):
             raise SchemaError(f"{where}[{i}]: expected [id, text, probability]")
+        _check(entry[1], str, f"{where}[{i}][1]")
         _prob(entry[2], f"{where}[{i}][2]")
 
 
@@ -298,6 +345,12 @@ def _check_ranges(ev: Event, where: str) -> None:
         if t is not None and not 0 <= t <= MAX_MS:
             raise SchemaError(f"{where}.{name}: {_show(t)} is not a time in milliseconds (0 to {MAX_MS:.0e})")
     if isinstance(ev, StartEvent):  # views read the temperature as a number (greedy or not)
+        if not 0 <= ev.gamma <= 1024 or ev.max_new_tokens < 1:
+            raise SchemaError(f"{where}: gamma {ev.gamma} or max_new_tokens {ev.max_new_tokens} is out of range")
+        v = ev.costs.get("v") if ev.costs else None
+        if v is not None and (not isinstance(v, list) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e3 for x in v)):
+            raise SchemaError(f"{where}.costs.v: a cost profile is a list of positive numbers, got {_show(v)}")
         for key, lo, hi in (("temperature", 0, 1e6), ("top_p", 0, 1), ("top_k", 0, 2 ** 31)):
             x = ev.sampling.get(key)
             if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not lo <= x <= hi):

@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from .events import IterationEvent, SchemaError, StartEvent, SummaryEvent, _show, from_dict, to_dict
+from .events import IterationEvent, SchemaError, StartEvent, SummaryEvent, _show, _unicode, from_dict, to_dict
 from .theory import accepted_length_pmf, cost_model
 
 FORMAT_VERSION = 1
@@ -239,7 +239,8 @@ def runs_from_json(data) -> tuple[Trace, Trace | None, dict]:
     meta = data.get("meta") or {}
     if not isinstance(meta, dict):
         raise SchemaError("meta: expected an object")
-    meta = {str(k): v for k, v in meta.items() if isinstance(v, (str, int, float, bool)) and len(str(v)) <= 200}
+    meta = {str(k): v for k, v in meta.items() if isinstance(v, (str, int, float, bool)) and len(str(v)) <= 200
+            and _unicode(str(k)) and _unicode(str(v))}  # a lone surrogate cannot reach a page
     traces = []
     for part in ("speculative", "vanilla"):
         raw = data.get(part) or []
@@ -252,6 +253,9 @@ def runs_from_json(data) -> tuple[Trace, Trace | None, dict]:
                 raise SchemaError(f"{part}[{i}]: a run is one start event, its iterations, then one summary")
             trace.add(ev)
         _check_running_totals(trace, part)
+        if trace.start is not None and trace.tokens > trace.start.max_new_tokens:
+            raise SchemaError(f"{part}: its iterations emit {trace.tokens} tokens, more than the "
+                              f"{trace.start.max_new_tokens} its start event allows")
         if trace.summary is not None:
             emitted = sum(len(e.emitted) for e in trace.iterations)
             if trace.summary.new_tokens != emitted or len(trace.summary.output_ids) != emitted:
@@ -273,6 +277,8 @@ def _check_running_totals(trace: Trace, part: str) -> None:
     for i, e in enumerate(trace.iterations, start=1):  # the file's list: the start event, then these
         tokens, proposed, accepted = tokens + len(e.emitted), proposed + len(e.proposed), accepted + e.accepted
         where = f"{part}[{i}]"
+        if e.index != i - 1:  # the inspector finds an iteration by its index: another one showed under its name
+            raise SchemaError(f"{where}.index: {_show(e.index)}, but it is iteration {i - 1} of the run (counted from 0)")
         for name, total in (("tokens_total", tokens), ("proposed_total", proposed), ("accepted_total", accepted)):
             if getattr(e, name) != total:
                 raise SchemaError(f"{where}.{name}: {_show(getattr(e, name))} is not the running total "
@@ -288,7 +294,9 @@ def load_runs(path) -> tuple[Trace, Trace | None, dict]:
     try:
         if os.path.getsize(path) > MAX_FILE_BYTES:
             raise ValueError(f"the file is larger than {MAX_FILE_BYTES // 2**20} MB; not a specviz run")
-        with open(path, encoding="utf-8") as f:
+        if os.path.getsize(path) == 0:
+            raise ValueError("the file is empty; a run file is the JSON the page's export saves")
+        with open(path, encoding="utf-8-sig") as f:  # a byte-order mark (some editors add one) is no error
             data = json.load(f)
     except UnicodeDecodeError:
         raise ValueError("not a specviz run file: it is not UTF-8 text (a run file is JSON)") from None
@@ -297,6 +305,10 @@ def load_runs(path) -> tuple[Trace, Trace | None, dict]:
                          f"column {e.colno}); a run file is the JSON the page's export saves") from None
     except RecursionError:
         raise ValueError("not a specviz run file: its JSON is nested too deeply") from None
+    except ValueError as e:  # Python's own limit on a number's digits (4,300): no run holds such a number
+        if "digits" not in str(e):
+            raise
+        raise ValueError("not a specviz run file: it holds a number with thousands of digits") from None
     except OSError as e:
         raise ValueError(f"not a specviz run file: {e}") from None
     return runs_from_json(data)

@@ -202,7 +202,8 @@ def test_replay_reads_only_uploads(tiny_app, uploads, tmp_path):
 @pytest.mark.parametrize("content,needle", [
     ("{not json", "not a specviz run file: it is not valid JSON (expecting property name enclosed in double "
                   "quotes at line 1, column 2)"),
-    ("", "not valid JSON (expecting value at line 1, column 1)"),
+    ("", "the file is empty"),
+    ("   ", "not valid JSON (expecting value at line 1, column 4)"),
     ("[" * 100_000, "not a specviz run file"),
     ('{"speculative": "abc"}', "speculative: expected a list"),
     ('{"nothing": []}', "no 'speculative' events"),
@@ -781,6 +782,74 @@ def test_running_totals_and_clock_that_no_run_makes_are_refused(tiny_app, upload
     assert len(frames) == 1 and "runs" not in final
     assert final["status"].startswith("**Error:**") and needle in plain(final["status"]), final["status"]
     assert f"speculative[{len(its)}]." in plain(final["status"])  # the edited event, by its place in the file
+
+
+def _kept(its):
+    """The first iteration that kept a proposal (greedy: its draws are under min(1, p/q) = 1)."""
+    return next(e for e in its if e["accepted"] >= 1)
+
+
+@pytest.mark.parametrize("edit,needle", [
+    # a lone surrogate: the server failed sending the page's update, and the tab stayed broken until reloaded
+    (lambda d, its: _kept(its)["proposed_text"].__setitem__(0, "\ud800"), "not valid Unicode"),
+    (lambda d, its: d["speculative"][0]["target"].__setitem__("name", "\ud83d"), "target.name: text that is not valid"),
+    (lambda d, its: d["speculative"][0]["target"].__setitem__("\udfff", 1), "(a key): text that is not valid"),
+    # what the views state must be what the rule did
+    (lambda d, its: _kept(its).update(draws=[0.99] + _kept(its)["draws"][1:],
+                                      accept_prob=[0.1] + _kept(its)["accept_prob"][1:]),
+     "yet proposal 1 was kept: the rule keeps it exactly when u < min(1, p/q)"),
+    (lambda d, its: _kept(its)["proposed_text"].__setitem__(0, "LIE"), "the kept proposals' text differs"),
+    (lambda d, its: _kept(its)["emitted"].__setitem__(0, 12345), "emitted: not the"),
+    (lambda d, its: _kept(its)["correction"].__setitem__("kind", "sample"), "the rule gives"),
+    (lambda d, its: _kept(its).update(draws=[]), "q, p, accept_prob and draws are given for some"),
+    (lambda d, its: _kept(its).update(q_raw=[]) or _kept(its).update(p_raw=[0.5]), "p_raw: 1 items for"),
+    # the inspector finds an iteration by its index: another one showed under its name
+    (lambda d, its: [e.__setitem__("index", 100 - e["index"]) for e in its], "but it is iteration 0 of the run"),
+    (lambda d, its: _kept(its)["correction"].__setitem__("top", [[1, 2, 0.5]]), "expected [id, text, probability]"),
+    (lambda d, its: d["speculative"][0].__setitem__("gamma", -5), "gamma -5 or max_new_tokens"),
+    (lambda d, its: d["speculative"][0].__setitem__("max_new_tokens", 2), "more than the 2 its start event allows"),
+    (lambda d, its: d["speculative"][0]["sampling"].__setitem__("temperature", float("nan")), "nan is not a number"),
+    (lambda d, its: d["speculative"][0].__setitem__("costs", {"source": "x", "v": {"a": 1}}), "costs.v: a cost profile"),
+])
+def test_replays_that_no_run_makes_are_refused_naming_the_field(tiny_app, uploads, edit, needle):
+    """From a crafted-file audit: each of these passed the loader, then broke the tab (a lone
+    surrogate), showed another iteration in the inspector than the one clicked, failed later with
+    Python's words (IndexError, TypeError) or showed statements no run makes (a kept token whose draw
+    was over min(1, p/q), the token view and the output disagreeing, γ -5, a NaN temperature read as
+    greedy)."""
+    last = final_of(tiny_app.run_decoding(*args(pair="tiny-lookup", max_new=32)))  # a random model repeats itself
+    data = json.load(open(last["export"]))
+    edit(data, [e for e in data["speculative"] if e.get("event") == "iteration"])
+    frames = list(tiny_app.replay(_upload(uploads, json.dumps(data))))
+    final = final_of(iter(frames))
+    assert len(frames) == 1 and "runs" not in final
+    assert final["status"].startswith("**Error:**") and needle in plain(final["status"]), final["status"]
+
+
+def test_a_replay_reads_a_byte_order_mark_and_refuses_a_number_of_thousands_of_digits(tiny_app, uploads):
+    last = final_of(tiny_app.run_decoding(*args()))
+    text = Path(last["export"]).read_text()
+    final = final_of(tiny_app.replay(_upload(uploads, "\ufeff" + text)))  # some editors save one
+    assert "replayed" in final["status"] and final["runs"]
+    data = json.loads(text)
+    data["speculative"][0]["seed"] = 7
+    huge = json.dumps(data).replace('"seed": 7', '"seed": ' + "9" * 5000, 1)
+    final = final_of(tiny_app.replay(_upload(uploads, huge)))
+    assert "a number with thousands of digits" in plain(final["status"]) and "set_int_max_str_digits" not in final["status"]
+
+
+def test_direction_controls_from_a_model_or_a_file_cannot_turn_the_page_around():
+    """A saved run's \\u202e (right-to-left override) turned the status line's own words backwards and
+    showed "\\u202egnp.exe" as "exe.png". Every text helper shows such a control as its code point."""
+    from specviz.view.charts import token_label
+    from specviz.view.text import md, md_text, output_html
+    from specviz.view.tokens import show
+
+    for shown in (md("\u202e2026 saved"), md_text("a \u2067b\u2069 c"), show("\u202egnp.exe"),
+                  token_label("x\u200fy")):
+        assert not re.search("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]", shown), shown
+        assert "U+" in shown
+    assert "[U+202E]gnp.exe" in show("\u202egnp.exe")
 
 
 def test_an_error_that_ran_nothing_reads_as_two_sentences(monkeypatch):

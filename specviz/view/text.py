@@ -13,13 +13,22 @@ from ..exactness import Exactness, first_difference
 from ..trace import Trace, compare_speed
 
 _MD_SPECIAL = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation character
+# explicit direction controls (embeddings, overrides, isolates, marks): one in a saved run's text turned
+# the page's own words around it backwards ("...dedaol saw ledom on"), and "\u202egnp.exe" read "exe.png"
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def inert(text: str) -> str:
+    """``text`` with each direction control shown as its code point (``[U+202E]``), so that text from a
+    model or a file cannot reorder what is shown around it; escape it as well."""
+    return _BIDI.sub(lambda m: f"[U+{ord(m.group()):04X}]", text)
 
 
 def md(value, limit: int = 200) -> str:
     """Untrusted text as inert Markdown, on one line: every ASCII punctuation character is
     backslash-escaped (CommonMark makes each a literal), so ``<`` never opens a tag, ``&`` never
     starts an entity and ``[`` never a link, and the reader still sees the text as it is."""
-    text = str(value if value is not None else "?")
+    text = inert(str(value if value is not None else "?"))
     text = " ".join(text.split())[:limit]
     return _MD_SPECIAL.sub(r"\\\1", text)
 
@@ -29,7 +38,7 @@ def md_text(value, limit: int = 4000) -> str:
     as ``md`` does, and each `backticked` span shown as code. A code span renders its content
     literally (no tag, entity or link can open inside it); it cannot hold a backtick, since the
     text is split on them, so nothing can close it early."""
-    text = str(value if value is not None else "?")[:limit].replace("\r\n", "\n")
+    text = inert(str(value if value is not None else "?"))[:limit].replace("\r\n", "\n")
     out = []
     for para in text.split("\n\n"):
         parts = para.split("`")
@@ -187,7 +196,7 @@ def _pieces_html(pieces: list[str], mark: int | None, eos: bool = False, sampled
     (its raw text, e.g. ``<|im_end|>``, read as part of the answer)."""
     out = []
     for i, piece in enumerate(pieces):
-        text = html.escape(piece)
+        text = html.escape(inert(piece))
         if eos and i == len(pieces) - 1:
             text = f'<span class="sv-eos" title="the end-of-sequence token {text}: the model ended its answer here">end</span>'
         elif i == len(pieces) - 1 and "\ufffd" in piece:  # byte tokens of a character the run stopped inside

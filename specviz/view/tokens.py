@@ -10,7 +10,7 @@ import html
 import re
 
 from ..events import IterationEvent
-from .text import plural
+from .text import inert, plural
 
 _SPECIAL = re.compile(r"^<[|｜]?[A-Za-z_/][^<>]*[|｜]?>$")
 
@@ -31,7 +31,7 @@ def show(piece: str, breaks: bool = True) -> str:
     proposals): a newline shows as its mark only, so text that was never emitted breaks no line."""
     if piece == "":
         return '<span class="sv-ws">&empty;</span>'
-    out = html.escape(piece)
+    out = html.escape(inert(piece))
     out = out.replace("\n", '<span class="sv-ws">&crarr;</span>' + ("\n" if breaks else "")).replace("\t", '<span class="sv-ws">&rarr;</span>\t')
     if piece.strip() == "":
         out = out.replace(" ", '<span class="sv-ws">&middot;</span>') if "\n" not in piece else out
@@ -39,7 +39,7 @@ def show(piece: str, breaks: bool = True) -> str:
 
 
 def _attr(text: str) -> str:
-    return html.escape(text, quote=True)
+    return html.escape(inert(text), quote=True)
 
 
 def _fmt(x: float | None) -> str:
