@@ -302,7 +302,7 @@ def test_replayed_html_is_inert(tiny_app, uploads):
 
 @pytest.mark.parametrize("kw,needle", [
     ({"gamma": 0}, "gamma"), ({"temperature": -1}, "temperature"), ({"temperature": 1e-39}, "temperature"),
-    ({"prompt": "  "}, "empty"), ({"top_k": 1.5}, "top-k"), ({"seed": 1.5}, "seed"), ({"seed": -1}, "seed"), ({"max_new": None}, "max new tokens"),
+    ({"prompt": "  "}, "empty"), ({"prompt": "abc \ud800 def"}, "not valid Unicode at character 5"), ({"top_k": 1.5}, "top-k"), ({"seed": 1.5}, "seed"), ({"seed": -1}, "seed"), ({"max_new": None}, "max new tokens"),
     ({"seed": float(2 ** 64 - 1)}, "cannot be typed exactly in a browser"),
     ({"seed": 18446744073709552000}, "cannot be typed exactly in a browser"),
     ({"pair": "tiny-mismatch"}, "tokenizers"), ({"target": "hub-only"}, "could not load"),
