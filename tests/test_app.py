@@ -845,10 +845,10 @@ def test_direction_controls_from_a_model_or_a_file_cannot_turn_the_page_around()
     from specviz.view.text import md, md_text, output_html
     from specviz.view.tokens import show
 
-    for shown in (md("\u202e2026 saved"), md_text("a \u2067b\u2069 c"), show("\u202egnp.exe"),
-                  token_label("x\u200fy")):
+    for shown, code in ((md("\u202e2026 saved"), "202E"), (md_text("a \u2067b\u2069 c"), "2069"),
+                        (show("\u202egnp.exe"), "202E"), (token_label("x\u200fy"), "200F")):
         assert not re.search("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]", shown), shown
-        assert "U+" in shown
+        assert code.lower() in shown.lower(), shown  # repr writes \\u200f; Markdown escapes \\[U\\+202E\\]
     assert "[U+202E]gnp.exe" in show("\u202egnp.exe")
 
 
