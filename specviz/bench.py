@@ -351,7 +351,7 @@ def machine() -> dict:
 
 
 def check_settings(args) -> None:
-    """Refuse what needs no model: the CLI calls this before its load (~20 s on a CPU), so that
+    """Refuse what needs no model, before ``main``'s caller loads one (~20 s on a CPU), so that
     ``--repeats 0`` or an unwritable ``--progress`` is one line at once, not after the load."""
     for g in args.gamma or []:
         DecodeConfig(gamma=g)
@@ -367,7 +367,7 @@ def check_settings(args) -> None:
 
 def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
          others: list[Pipeline] | None = None, vllm=None) -> int:
-    check_settings(args)
+    """The bench, on settings ``check_settings`` passed."""
     gammas = args.gamma or [pipe.gamma]
     repeats = getattr(args, "repeats", 1)
     progress = getattr(args, "progress", None)

@@ -104,11 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _pipeline(args):
+def _pipeline(args, reg=None):
+    """``reg``: the registry, where the caller has read it already."""
     from .pipeline import build_pipeline
     from .registry import load_registry
 
-    reg = load_registry(args.models)
+    reg = reg or load_registry(args.models)
     if getattr(args, "exact", False):
         os.environ["SPECVIZ_EXACT"] = "1"  # read where models load: vanilla and speculative alike
     # progress only for a person watching a terminal: errors must stay a single line on stderr
@@ -231,10 +232,10 @@ def cmd_bench(args) -> int:
     reg = load_registry(args.models)
     for name in args.compare:
         reg.pair(name)  # an unknown name is said with the known ones
-    pipe = _pipeline(args)
+    pipe = _pipeline(args, reg)
     others = []
     for name in args.compare:
-        other = _pipeline(argparse.Namespace(**{**vars(args), "pair": name, "target": None, "draft": None}))
+        other = _pipeline(argparse.Namespace(**{**vars(args), "pair": name, "target": None, "draft": None}), reg)
         if other.target.model is not pipe.target.model:
             raise SpecvizError(f"--compare: pair {name} has another target than {pipe.name}")
         others.append(other)

@@ -24,7 +24,7 @@ from .acceptance import verify_logits
 from .backends.base import Target
 from .drafters.base import Drafter
 from .errors import SpecvizError
-from .events import Correction, IterationEvent, StartEvent, SummaryEvent
+from .events import Correction, IterationEvent, StartEvent, SummaryEvent, lone_surrogate
 from .sampling import SamplingConfig, logits_to_probs, make_generator, sample
 from .trace import PositionTally
 
@@ -125,11 +125,10 @@ def check_prompt(prompt) -> str:
     """The prompt, refused when it is no text or only whitespace."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise SpecvizError("the prompt is empty")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as e:  # the tokenizer's own words were a TypeError about its input types
-        raise SpecvizError(f"the prompt holds text that is not valid Unicode at character {e.start + 1} "
-                           "(a lone surrogate, half of a character)") from None
+    at = lone_surrogate(prompt)
+    if at is not None:  # the tokenizer's own words were a TypeError about its input types
+        raise SpecvizError(f"the prompt holds text that is not valid Unicode at character {at + 1} "
+                           "(a lone surrogate, half of a character)")
     return prompt
 
 

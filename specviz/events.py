@@ -194,7 +194,7 @@ def _check(value, hint, where: str):
             raise SchemaError(f"{where}: expected text, got {_show(value)}")
         if len(value) > MAX_STR:
             raise SchemaError(f"{where}: text longer than {MAX_STR:,} characters")
-        if not _unicode(value):
+        if lone_surrogate(value) is not None:
             raise SchemaError(f"{where}: text that is not valid Unicode (a lone surrogate such as \\ud800)")
         return value
     if hint is dict or origin is dict:
@@ -232,14 +232,15 @@ def _plain(value, where: str, depth: int):
     raise SchemaError(f"{where}: unexpected value {_show(value)}")
 
 
-def _unicode(text: str) -> bool:
-    """Whether ``text`` can be sent as UTF-8: a lone surrogate (JSON's "\\ud800") cannot, and one in a
-    replayed run broke the visitor's page until it was reloaded (the server fails sending the update)."""
+def lone_surrogate(text: str) -> int | None:
+    """Where ``text`` holds half a character (JSON's "\\ud800"), which cannot be sent as UTF-8 nor
+    tokenized, or None: one in a replayed run broke the visitor's page until it was reloaded (the
+    server fails sending the update), one in a prompt failed in the tokenizer."""
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
 
 
 def _show(value) -> str:

@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from .events import IterationEvent, SchemaError, StartEvent, SummaryEvent, _show, _unicode, from_dict, to_dict
+from .events import IterationEvent, SchemaError, StartEvent, SummaryEvent, _show, from_dict, lone_surrogate, to_dict
 from .theory import accepted_length_pmf, cost_model
 
 FORMAT_VERSION = 1
@@ -240,7 +240,7 @@ def runs_from_json(data) -> tuple[Trace, Trace | None, dict]:
     if not isinstance(meta, dict):
         raise SchemaError("meta: expected an object")
     meta = {str(k): v for k, v in meta.items() if isinstance(v, (str, int, float, bool)) and len(str(v)) <= 200
-            and _unicode(str(k)) and _unicode(str(v))}  # a lone surrogate cannot reach a page
+            and lone_surrogate(str(k)) is None and lone_surrogate(str(v)) is None}  # a lone surrogate cannot reach a page
     traces = []
     for part in ("speculative", "vanilla"):
         raw = data.get(part) or []

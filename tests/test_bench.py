@@ -184,7 +184,7 @@ def test_bench_rejects_bad_settings_before_loading_a_model(capsys, tiny_registry
     and --max-new-tokens 0 printed its error glued to the progress bar's line."""
     import specviz.cli
 
-    monkeypatch.setattr(specviz.cli, "_pipeline", lambda args: pytest.fail("loaded a model first"))
+    monkeypatch.setattr(specviz.cli, "_pipeline", lambda *a: pytest.fail("loaded a model first"))
     base = ["bench", "--models", str(tiny_registry), "--pair", "tiny-lookup", "--prompts", str(prompt_file),
             "--limit", "1", "--max-new-tokens", "4", "--no-peer"]
     for flags, needle in ((["--repeats", "0"], "--repeats must be >= 1"),

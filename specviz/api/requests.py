@@ -13,6 +13,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from ..events import lone_surrogate
 from .errors import bad
 
 MAX_SPECULATIVE_TOKENS = 31  # engine.MAX_GAMMA: passes stay within the exact mode's 32 rows
@@ -143,11 +144,10 @@ def _show(value) -> str:
 def _unicode(text: str, param: str) -> str:
     """``text`` as sent, refused where JSON's escapes made it no Unicode (a lone surrogate such as
     "\\ud800", which no tokenizer can encode)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise bad(f"{param} is not valid Unicode: it holds a lone surrogate ({text[e.start]!a}) at "
-                  f"character {e.start}", param) from None
+    at = lone_surrogate(text)
+    if at is not None:
+        raise bad(f"{param} is not valid Unicode: it holds a lone surrogate ({text[at]!a}) at "
+                  f"character {at}", param)
     return text
 
 

@@ -9,7 +9,6 @@ import plotly.graph_objects as go
 
 from ..events import IterationEvent
 from ..trace import Trace
-from .text import inert
 from .tokens import one_hot
 
 COLORS = {"accepted": "#2e9e5b", "rejected": "#d64545", "resample": "#e08a1e", "bonus": "#3b7dd8",
@@ -24,7 +23,7 @@ def token_label(text: str, limit: int = 32) -> str:
     """A token as a chart label: quoted (whitespace shows), at most ``limit`` characters, and escaped.
     Plotly reads a subset of HTML in labels (<a href>, <b>, <br>...): a saved run's token text must not
     put a link or markup into the page's charts."""
-    shown = inert(repr(text))
+    shown = repr(text)  # writes direction controls (\u202e) and other invisibles as escapes
     if len(shown) > limit:
         shown = shown[:limit - 1] + "…"
     return html.escape(shown, quote=False)
