@@ -640,6 +640,18 @@ def test_a_crafted_long_token_wraps_in_the_inspector_instead_of_pushing_its_numb
     assert widths["scroll"] <= widths["client"] + 1, widths  # nothing to scroll sideways to
     assert widths["cells"] <= 710 and widths["items"] <= 710, widths  # every column and list item within the box
     assert not widths["split"], widths  # only the token column breaks inside a word: "toke/n", "0./8" read as noise
+    # on a phone an ordinary token stays whole (the table scrolls sideways instead): "phras/e" read as two tokens
+    short = IterationEvent(**{**e.__dict__, "proposed_text": [" phrase", " sentence"], "emitted_text": [" phrase", "x"],
+                              "correction": Correction(token=7, text=" sentence", kind="resample", p=0.8, top=[])})
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 390, "height": 900})
+        page.set_content(f"<style>{css}</style><div style='width: 326px'>{inspector_html(short, 2)}</div>")
+        broken = page.evaluate("""() => [...document.querySelectorAll('.sv-table td:nth-child(2)')].filter(c => {
+            const r = document.createRange(); r.selectNodeContents(c);
+            return new Set([...r.getClientRects()].map(x => Math.round(x.top))).size > 1; }).map(c => c.innerText)""")
+        browser.close()
+    assert not broken, broken
 
 
 @needs_chromium
