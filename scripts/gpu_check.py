@@ -108,7 +108,7 @@ def bench_target(size: str, args, tok, vocab: int, dtype, prompt: list[int]) -> 
         row = {"target": size, "drafter": label, "gamma": g, "dtype": args.dtype,
                "vanilla_tps": statistics.median(van_tps), "spec_tps": statistics.median(tps),
                "speedup": statistics.median(tps) / statistics.median(van_tps),
-               "spread": max(spread(tps), spread(van_tps)), "vanilla_runs_tps": van_tps, "spec_runs_tps": tps,
+               "spread": max((x for x in (spread(tps), spread(van_tps)) if x is not None), default=None), "vanilla_runs_tps": van_tps, "spec_runs_tps": tps,
                "acceptance": last.acceptance_rate,
                "tokens_per_iteration": last.tokens / max(1, len(last.iterations)),
                "draft_ms": split["draft"], "verify_ms": split["verify"], "other_ms": split["other"],
@@ -199,7 +199,7 @@ def main() -> int:
     for r in results:
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
         print(f"| {r['target']} | {r['drafter']} | {r['gamma']} | {r['vanilla_tps']:.1f} | {r['spec_tps']:.1f} | "
-              f"{r['speedup']:.2f}x | {r['spread']:.0%} | {acc} | {r['tokens_per_iteration']:.2f} | "
+              f"{r['speedup']:.2f}x | {'-' if r['spread'] is None else format(r['spread'], '.0%')} | {acc} | {r['tokens_per_iteration']:.2f} | "
               f"{r['draft_ms']:.0f} | {r['verify_ms']:.0f} | {'yes' if r['identical'] else r['divergence']} |")
     if probes:
         print("\n| target | dtype | context | pass lengths | bit-identical to one at a time | max abs diff | "

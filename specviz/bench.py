@@ -117,12 +117,13 @@ class PromptResult:
     spec_runs_ms: list[float] = field(default_factory=list)
     vanilla_median_ms: float | None = None
     spec_median_ms: float | None = None
-    spread: float = 0.0  # max / min - 1 over the repeats, the worse of vanilla and speculative
+    spread: float | None = None  # max / min - 1 over the repeats, the worse of vanilla and speculative
+    # (None with one repeat: a single run cannot show how noisy it was)
     stable_output: bool = True  # every speculative repeat gave the same tokens
 
     @property
     def noisy(self) -> bool:
-        return self.spread > NOISY
+        return self.spread is not None and self.spread > NOISY
 
 
 def _hf_generate(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, extra: dict) -> tuple[float, list[int]]:
@@ -141,8 +142,9 @@ def _hf_generate(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, extra: dict)
     return t.ms, out[0, len(ids):].tolist()
 
 
-def spread(ms: list[float]) -> float:
-    return max(ms) / min(ms) - 1.0 if ms and min(ms) > 0 else 0.0
+def spread(ms: list[float]) -> float | None:
+    """max / min - 1 of the repeats; None for fewer than two (nothing to compare)."""
+    return max(ms) / min(ms) - 1.0 if len(ms) > 1 and min(ms) > 0 else None
 
 
 def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_new_tokens: int, seed: int,
@@ -208,7 +210,7 @@ def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_ne
             [len(e.proposed) for e in spec.iterations], spec.verify_ms_by_gamma(),
             sum(e.draft_ms for e in spec.iterations), median([e.verify_ms for e in van.iterations]),
             vanilla_runs_ms=list(van_ms), spec_runs_ms=list(runs), vanilla_median_ms=median(van_ms),
-            spec_median_ms=median(runs), spread=max(spread(van_ms), spread(runs)),
+            spec_median_ms=median(runs), spread=None if spread(van_ms) is None else max(spread(van_ms), spread(runs)),
             stable_output=len({tuple(t.output_ids) for t in traces[("spec", i)]}) == 1)
         if extra is not None:
             res.hf_plain_ms, res.hf_assisted_ms = min(ms[("hf_plain", None)]), min(ms[("hf_assisted", None)])
@@ -243,7 +245,7 @@ class Row:
     decode_speedup: float
     cost_model: float  # measured tokens / (draft + verify time in vanilla steps): where the time should go
     speedup_median_of_medians: float = 0.0  # the same ratios from each prompt's median run
-    spread: float = 0.0  # median over prompts of max / min - 1 of the repeats
+    spread: float | None = None  # median over prompts of max / min - 1 of the repeats (None: one repeat)
     noisy: int = 0  # prompts whose repeats disagree by more than NOISY
     ratio_low: float = 0.0  # the lowest and highest per-prompt ratio
     ratio_high: float = 0.0
@@ -283,7 +285,8 @@ def aggregate(name: str, rs: list[PromptResult]) -> Row:
         predicted, sum(r.vanilla_decode_ms for r in rs) / sum(r.spec_decode_ms for r in rs),
         tokens / spent if spent else 0.0,
         median([(r.vanilla_median_ms or r.vanilla_ms) / (r.spec_median_ms or r.spec_ms) for r in rs]),
-        median([r.spread for r in rs]), sum(r.noisy for r in rs),
+        median([r.spread for r in rs if r.spread is not None]) if any(r.spread is not None for r in rs) else None,
+        sum(r.noisy for r in rs),
         min(r.vanilla_ms / r.spec_ms for r in rs), max(r.vanilla_ms / r.spec_ms for r in rs),
         (sum(r.hf_plain_ms for r in peers) / sum(r.vanilla_ms for r in peers)) if peers else None)
 
@@ -297,7 +300,7 @@ def table(rows: list[Row]) -> str:
         f = lambda x, p="{:.2f}": "-" if x is None else p.format(x)  # noqa: E731
         lines.append((r.name, str(r.n), f(r.acceptance, "{:.1%}"), f(r.tokens_per_iteration), f(r.vanilla_tps, "{:.1f}"),
                       f(r.spec_tps, "{:.1f}"), f(r.speedup_median, "{:.2f}x"), f(r.speedup_total, "{:.2f}x"),
-                      f"{r.ratio_low:.2f}-{r.ratio_high:.2f}", f(r.spread, "{:.0%}"), str(r.noisy),
+                      f"{r.ratio_low:.2f}-{r.ratio_high:.2f}", f(r.spread, "{:.0%}"), "-" if r.spread is None else str(r.noisy),
                       f(r.peer_speedup_median, "{:.2f}x"), f(r.peer_speedup_total, "{:.2f}x"),
                       f(r.peer_baseline, "{:.2f}x"), r.identical,
                       f(r.decode_speedup, "{:.2f}x"), f(r.predicted, "{:.2f}x"), f(r.cost_model, "{:.2f}x"),
@@ -442,7 +445,8 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
         print(f"\n(speedup = vanilla time / speculative time, same prompt, interleaved; each time is the minimum "
               f"of {repeats} repeats; med = median of per-prompt ratios, tot = total-time ratio of the minima, "
               f"range = lowest-highest per-prompt ratio; spread = median over prompts of max/min - 1 of the repeats, "
-              f"noisy = prompts whose repeats differ by > {NOISY:.0%}; peer = transformers generate() with the same "
+              f"noisy = prompts whose repeats differ by > {NOISY:.0%}"
+              f"{' (- with one repeat: a single run cannot show its noise; --repeats 3 can)' if repeats < 2 else ''}; peer = transformers generate() with the same "
               f"drafter over plain generate(), peer base = plain generate()'s "
               f"time over specviz vanilla's (totals; above 1, transformers' speedup is taken over a slower baseline); "
               f"vllm med/tot = vLLM with its speculation"

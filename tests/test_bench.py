@@ -151,6 +151,25 @@ def test_bench_repeats_interleave_and_record_spread(capsys, tiny_registry, promp
     assert [p["vanilla_runs_ms"] for p in a] == [p["vanilla_runs_ms"] for p in b]
 
 
+def test_one_repeat_claims_no_spread(capsys, tiny_registry, prompt_file):
+    """With one repeat nothing shows how noisy a run was: spread and noisy read "-" (null in JSON), not
+    0% and 0, and the footnote says why."""
+    args = ["bench", "--models", str(tiny_registry), "--pair", "tiny-lookup", "--prompts", str(prompt_file),
+            "--limit", "1", "--max-new-tokens", "8", "--repeats", "1", "--no-peer"]
+    assert main(args + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows, prompts = out["configs"][0]["rows"], out["configs"][0]["prompts"]
+    assert all(p["spread"] is None and p["noisy"] is False for p in prompts)
+    assert all(r["spread"] is None and r["noisy"] == 0 for r in rows)
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    cols = [c.strip() for c in next(line for line in lines if line.startswith("| category")).split("|")]
+    cells = [c.strip() for c in next(line for line in lines if line.startswith("| overall")).split("|")]
+    assert cells[cols.index("spread")] == "-" and cells[cols.index("noisy")] == "-"
+    assert "a single run cannot show its noise" in text
+
+
 def test_compared_pairs_run_at_their_own_gamma(capsys, tiny_registry, prompt_file):
     """Without --gamma each pair runs at its registry gamma (tiny-lookup 5, tiny-draft 4); the
     model draft really proposes at most 4 tokens an iteration."""
