@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -435,20 +436,16 @@ class HeadDrafter(BandedLookupDrafter):
             elif h is not None and head_val > 1.0 and (best is None or best[1] == 0 or head_val > best[0]):
                 e, alive = 1.0, 1.0
                 self._rel = rel
-                for j in range(max_tokens):
-                    if j:
-                        h, soft, q, top = self.step(h, out[-1], sampling)
-                    b = band(top)
+
+                def worth_it(j: int, b: int) -> bool:  # decided from q_j (its band), before drawing from it
+                    nonlocal e, alive
                     k = alive * (self.first_chance(b, rel) if j == 0 else self.keep_chance(b))
                     if j and (k < FLOOR or (e + k) / self.cost(j + 1) <= e / self.cost(j)):
-                        break  # decided from q_j, before drawing from it
-                    i = int(soft.argmax()) if q is None else int(self.index[sample(q, generator)])
-                    out.append(int(self.vocab[i]))
-                    raw.append(float(soft[i]))
-                    if q is not None:
-                        q_rows.append(q)
-                    self._bands.append(b)
+                        return False
                     alive, e = k, e + k
+                    return True
+                out, q_rows, raw = self._draw_chain(h, ids[-1], (h, soft, q, top), max_tokens, sampling, generator,
+                                                    worth_it)
                 said = {"agree": ", lookup agrees", "differ_context": ", lookup differs",
                         "differ_store": ", the datastore differs"}.get(rel or "", "")
                 reason = (f"draft head (its first token at probability {raw[0]:.2f}{said}): proposing {len(out)} "
@@ -464,21 +461,35 @@ class HeadDrafter(BandedLookupDrafter):
                 reason = what + f": proposing {g} (expects {e:.2f} tokens for {e / val:.2f}x a step)"
         return Proposal(out, torch.stack(q_rows) if q_rows else None, raw, reason, t.ms)
 
+    def _draw_chain(self, h: torch.Tensor, x: int, first: tuple | None, max_tokens: int, sampling, generator,
+                    worth_it: Callable[[int, int], bool] | None = None) -> tuple[list[int], list, list[float]]:
+        """The head's chain from state ``h`` after token ``x``: up to ``max_tokens`` tokens, each the
+        head's most likely one (greedy) or drawn from its q, while ``worth_it(j, band of q_j)`` (asked
+        before token j is drawn) holds. ``first``: the first step's result where it was computed
+        already. Returns (tokens, q rows, the head's probability of each token); records their bands."""
+        out: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        raw: list[float] = []
+        for j in range(max_tokens):
+            h, soft, q, top = first if j == 0 and first is not None else self.step(h, out[-1] if j else x, sampling)
+            b = band(top)
+            if worth_it is not None and not worth_it(j, b):
+                break
+            i = int(soft.argmax()) if q is None else int(self.index[sample(q, generator)])
+            out.append(int(self.vocab[i]))
+            raw.append(float(soft[i]))
+            if q is not None:
+                q_rows.append(q)
+            self._bands.append(b)
+        return out, q_rows, raw
+
     def _chain(self, ids, max_tokens, sampling, generator) -> Proposal:
         with Timer(torch.device("cpu")) as t:
             self._last, self._bands, self._rel = None, [], None
             h = self.state(ids) if max_tokens > 0 else None
-            out: list[int] = []
-            q_rows: list[torch.Tensor] = []
-            raw: list[float] = []
-            for j in range(max_tokens if h is not None else 0):
-                h, soft, q, top = self.step(h, out[-1] if j else ids[-1], sampling)
-                i = int(soft.argmax()) if q is None else int(self.index[sample(q, generator)])
-                out.append(int(self.vocab[i]))
-                raw.append(float(soft[i]))
-                if q is not None:
-                    q_rows.append(q)
-                self._bands.append(band(top))
+            out, q_rows, raw = [], [], []
+            if h is not None:
+                out, q_rows, raw = self._draw_chain(h, ids[-1], None, max_tokens, sampling, generator)
             reason = (f"draft head, fixed length: proposing {len(out)}" if out else
                       "no room left" if max_tokens <= 0 else "no head state: plain step")
         return Proposal(out, torch.stack(q_rows) if q_rows else None, raw, reason, t.ms)
