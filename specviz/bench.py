@@ -50,8 +50,15 @@ def load_prompts(path: str | Path, limit: int | None = None, categories: list[st
         raise SpecvizError(f"prompt file not found: {path}")
     if path.is_dir():
         raise SpecvizError(f"{path} is a folder, not a prompt file (.jsonl)")
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a byte order mark, as some editors write, is read past
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise SpecvizError(f"{path}:{line}: not UTF-8 text (byte {e.start}); save the prompt file as UTF-8") from None
+    except OSError as e:
+        raise SpecvizError(f"cannot read the prompt file {path}: {e.strerror or e}") from None
     rows, per_cat, seen = [], {}, set()
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -361,6 +368,7 @@ def check_settings(args) -> None:
     DecodeConfig(max_new_tokens=args.max_new_tokens)
     for t in args.temperature:
         SamplingConfig(t)
+    DecodeConfig(seed=getattr(args, "seed", 0))
     repeats = getattr(args, "repeats", 1)
     if repeats < 1:
         raise SpecvizError(f"--repeats must be >= 1, got {repeats}")
@@ -379,6 +387,17 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
         from tqdm import tqdm
     except ImportError:  # pragma: no cover
         tqdm = None
+    # every prompt encoded and checked before any is measured: one too long for the model, found only
+    # when its turn came, would end the bench after minutes with no table
+    ctx = pipe.target_lm.context_length
+    for row in prompts:
+        where = f"{args.prompts}: prompt {row['id']} ({row['category']})"
+        try:
+            n = len(pipe.encode(row["prompt"], not args.no_chat))
+        except SpecvizError as e:
+            raise SpecvizError(f"{where}: {e}") from None
+        if n >= ctx:
+            raise SpecvizError(f"{where} is {n} tokens; the model's context is {ctx}")
     # warm up every path (first calls allocate and pick kernels)
     warm = DecodeConfig(gamma=gammas[0], max_new_tokens=8)
     list(pipe.vanilla(prompts[0]["prompt"], warm))

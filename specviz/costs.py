@@ -40,6 +40,23 @@ def fit_profile(samples: list[list[float]]) -> list[float]:
     return [t / fitted[0] for t in fitted]
 
 
+MAX_COST = 1e3  # a pass costs at most this many 1-token passes: anything above is no measurement
+MAX_LENGTHS = 32  # v[0..31]: a pass over up to 32 tokens (gamma at most 31)
+
+
+def check_profile(data, where: str = "costs") -> tuple[float, ...]:
+    """``data`` as a cost profile: a list of 1 to MAX_LENGTHS numbers (not booleans), each in
+    (0, MAX_COST]; anything else is a SpecvizError that names ``where``."""
+    ok = (isinstance(data, (list, tuple)) and 1 <= len(data) <= MAX_LENGTHS
+          and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= MAX_COST for x in data))
+    if not ok:
+        shown = repr(data)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise SpecvizError(f"{where}: a cost profile is a list of 1 to {MAX_LENGTHS} numbers, each above 0 and at "
+                           f"most {MAX_COST:g} (a pass's cost in 1-token passes), got {shown}")
+    return tuple(float(x) for x in data)
+
+
 def load_costs(spec: str | None) -> tuple[float, ...] | None:
     """None (measure), 'reference', a JSON list, or a JSON file: a list or a saved run."""
     if spec is None or spec in ("", "measured"):
@@ -49,23 +66,29 @@ def load_costs(spec: str | None) -> tuple[float, ...] | None:
     text = spec
     if not spec.lstrip().startswith("["):
         try:
-            text = Path(spec).read_text()
+            text = Path(spec).read_text(encoding="utf-8-sig")
         except OSError as e:
             raise SpecvizError(f"--costs: cannot read {spec}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise SpecvizError(f"--costs: {spec} is not UTF-8 text (byte {e.start}): give a JSON list or a "
+                               f"saved run") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
         data = _start_line(text)  # the JSON lines of `run --json`: its first line is the start event
         if data is None:
             raise SpecvizError(f"--costs: {spec} is neither 'reference', a JSON list nor a JSON file") from None
+    except RecursionError:
+        raise SpecvizError(f"--costs: {spec} nests too deeply to be a cost profile") from None
     if isinstance(data, dict):  # a saved run (the page's export, or run --json's start line): the profile it used
-        start = next(iter(data.get("speculative") or []), {}) if "speculative" in data else data
-        data = ((start or {}).get("costs") or {}).get("v") if isinstance(start, dict) else None
+        runs = data.get("speculative") if "speculative" in data else [data]
+        start = runs[0] if isinstance(runs, list) and runs else None
+        costs = start.get("costs") if isinstance(start, dict) else None
+        data = costs.get("v") if isinstance(costs, dict) else None
         if not data:
-            raise SpecvizError(f"--costs: {spec} records no cost profile (its drafter was not cost-aware)")
-    if not isinstance(data, list) or not data or not all(isinstance(x, (int, float)) and x > 0 for x in data):
-        raise SpecvizError("--costs: a cost profile is a non-empty list of positive numbers")
-    return tuple(float(x) for x in data)
+            raise SpecvizError(f"--costs: {spec} records no cost profile (its drafter was not cost-aware, "
+                               f"or the file is no saved run)")
+    return check_profile(data, "--costs")
 
 
 def _start_line(text: str) -> dict | None:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .acceptance import verify_logits
+from .costs import check_profile
 from .backends.base import Target
 from .drafters.base import Drafter
 from .errors import SpecvizError
@@ -56,9 +57,7 @@ class DecodeConfig:
         if self.seed is not None:
             self.seed = _whole(self.seed, "seed", 0, MAX_SEED)
         if self.costs is not None:
-            costs = tuple(self.costs)
-            if not costs or not all(isinstance(c, (int, float)) and 0 < c < 1e3 for c in costs):
-                raise SpecvizError("a cost profile must be a non-empty list of positive numbers")
+            costs = check_profile(list(self.costs))
             self.costs = tuple(float(c) / float(costs[0]) for c in costs)
 
     @classmethod

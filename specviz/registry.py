@@ -157,9 +157,12 @@ def _drafter(spec: dict, where: str, base: Path) -> dict:
     return kind(spec.get("kind"), where).check(spec, where, base)
 
 
-def parse(data: dict, base: Path = DEFAULT_REGISTRY.parent) -> Registry:
+def parse(data: dict, base: Path = DEFAULT_REGISTRY.parent, label: str = "models.yaml") -> Registry:
+    """A registry from the parsed YAML ``data``; ``label`` names its file in messages."""
+    from .engine import MAX_GAMMA
+
     if not isinstance(data, dict):
-        raise SpecvizError("models.yaml must be a mapping with `models` and `pairs`")
+        raise SpecvizError(f"{label} must be a mapping with `models` and `pairs`")
     models: dict[str, ModelSpec] = {}
     for name, raw in (data.get("models") or {}).items():
         if not isinstance(raw, dict) or not raw.get("sources"):
@@ -181,11 +184,11 @@ def parse(data: dict, base: Path = DEFAULT_REGISTRY.parent) -> Registry:
         if draft is not None and draft not in models:
             raise SpecvizError(f"{where}: unknown draft model {draft!r}")
         gamma = raw.get("gamma", 4)
-        if not isinstance(gamma, int) or gamma < 1:
-            raise SpecvizError(f"{where}: gamma must be a whole number >= 1, got {gamma!r}")
+        if not isinstance(gamma, int) or isinstance(gamma, bool) or not 1 <= gamma <= MAX_GAMMA:
+            raise SpecvizError(f"{where}: gamma must be a whole number from 1 to {MAX_GAMMA}, got {gamma!r}")
         pairs[str(name)] = PairSpec(str(name), target, drafter, gamma, str(raw.get("description", "")))
     if not pairs:
-        raise SpecvizError("models.yaml defines no pairs")
+        raise SpecvizError(f"{label} defines no pairs")
     default = data.get("default_pair")
     if default is not None and default not in pairs:
         raise SpecvizError(f"default_pair {default!r} is not a pair")
@@ -195,9 +198,21 @@ def parse(data: dict, base: Path = DEFAULT_REGISTRY.parent) -> Registry:
 def load_registry(path: str | os.PathLike | None = None) -> Registry:
     path = Path(path or os.environ.get("SPECVIZ_MODELS", DEFAULT_REGISTRY))
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise SpecvizError(f"registry file not found: {path}") from None
+    except IsADirectoryError:
+        raise SpecvizError(f"{path} is a folder, not a registry file (.yaml)") from None
+    except OSError as e:
+        raise SpecvizError(f"cannot read the registry {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise SpecvizError(f"{path} is not UTF-8 text (byte {e.start}): a registry is a YAML file") from None
     except yaml.YAMLError as e:
         raise SpecvizError(f"{path} is not valid YAML: {e}".splitlines()[0]) from None
-    return parse(data, path.parent)
+    label = "models.yaml" if path.resolve() == DEFAULT_REGISTRY.resolve() else str(path)
+    try:
+        return parse(data, path.parent, label)
+    except SpecvizError as e:
+        if str(e).startswith(label):
+            raise
+        raise SpecvizError(f"{label}: {e}") from None

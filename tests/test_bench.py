@@ -212,10 +212,35 @@ def test_bench_rejects_bad_settings_before_loading_a_model(capsys, tiny_registry
                           (["--temperature", "-1"], "temperature"),
                           (["--compare", "nope"], "unknown pair 'nope'"),
                           (["--costs", "[0]"], "cost profile"),
+                          (["--seed", "-5"], "seed must be"),
                           (["--progress", str(tmp_path / "no" / "such" / "p.jsonl")], "--progress: cannot write")):
         assert main(base + flags) == 2, flags
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1 and "Traceback" not in err, (flags, err)
+
+
+def test_a_prompt_file_is_read_as_utf8_or_refused_naming_its_line(tmp_path):
+    good = tmp_path / "bom.jsonl"
+    good.write_bytes(b'\xef\xbb\xbf{"category": "qa", "turns": ["caf\xc3\xa9"]}\n')  # a BOM, as some editors write
+    assert load_prompts(good)[0]["prompt"] == "caf\u00e9"
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"category": "qa", "turns": ["hi"]}\n{"category": "qa", "turns": ["caf\xe9"]}\n')
+    with pytest.raises(SpecvizError, match=r"latin1.jsonl:2: not UTF-8"):
+        load_prompts(bad)
+
+
+def test_a_prompt_too_long_for_the_model_is_refused_before_any_is_measured(capsys, tiny_registry, tmp_path,
+                                                                           monkeypatch):
+    import specviz.bench
+
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"category": "qa", "turns": ["Name a colour."]}) + "\n"
+                 + json.dumps({"category": "rag", "turns": ["word " * 2000]}) + "\n")
+    monkeypatch.setattr(specviz.bench, "run_prompt", lambda *a, **k: pytest.fail("measured a prompt first"))
+    code = main(["bench", "--models", str(tiny_registry), "--pair", "tiny-lookup", "--prompts", str(f),
+                 "--max-new-tokens", "4", "--repeats", "1", "--no-peer"])
+    err = capsys.readouterr().err
+    assert code == 2 and "prompt 2 (rag) is" in err and "context" in err and err.count("\n") == 1
 
 
 def test_bench_progress_file_gets_a_line_per_prompt_as_measured(capsys, tiny_registry, prompt_file, tmp_path):

@@ -55,6 +55,22 @@ def test_a_run_json_file_pins_the_cost_profile(capsys, tiny_registry, tmp_path):
     assert code == 0 and json.loads(out.splitlines()[0])["costs"]["v"] == first["costs"]["v"]
 
 
+@pytest.mark.parametrize("content, needle", [
+    (b'{"speculative": 5}', "records no cost profile"), (b'{"costs": "abc"}', "records no cost profile"),
+    (b'{"event": "start", "costs": 5}', "records no cost profile"), (b"\xff\xfe\x00", "not UTF-8"),
+    (b"[true, 2]", "a cost profile is a list"), (b"[1e308]", "a cost profile is a list"),
+    (b"[" * 100_000 + b"]" * 100_000, "nests too deeply")])
+def test_a_costs_file_that_is_no_profile_is_one_clear_line(tmp_path, content, needle):
+    from specviz.costs import load_costs
+    from specviz.errors import SpecvizError
+
+    f = tmp_path / "c.json"
+    f.write_bytes(content)
+    with pytest.raises(SpecvizError, match=needle) as e:
+        load_costs(str(f))
+    assert str(e.value).startswith("--costs")
+
+
 def test_run_vanilla_matches_speculative_greedy(capsys, tiny_registry):
     outs = []
     for extra in ([], ["--vanilla"], ["--draft", "early-exit:2"], ["--draft", "lookup:2"]):

@@ -10,6 +10,7 @@ import torch
 
 from specviz.lab import EXPERIMENTS, broken, experiment
 from specviz.lab.common import Progress, Settings
+from specviz.errors import SpecvizError
 from specviz.lab.stats import fit
 from specviz.pipeline import build_pipeline
 from specviz.registry import load_registry
@@ -206,6 +207,32 @@ def test_the_noise_note_names_whose_repeats_disagree():
     assert "every drafter's repeats disagreed" in noise_note([m("a", 0.3), m("b", 0.3)])
     assert "baseline) disagreed by 45%" in noise_note([m("a", baseline=0.45), m("b")])
     assert "a measured faster than its tokens per iteration allow" in noise_note([m("a", speedup=1.7, tpi=1.5)])
+    once = [m("a", None, None), m("b", None, None)]  # one run each: no spread to judge, not a quiet 0%
+    assert not any(d.noisy for d in once) and "each was timed once" in noise_note(once)
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("break_samples", -5, "break-it draws per rule"), ("break_samples", 0, "break-it draws per rule"),
+    ("break_samples", 10**20, "break-it draws per rule"), ("samples", 5, "samples"),
+    ("samples", 10**20, "samples"), ("depths", [0], "early-exit depth"), ("batches", [0], "batch"),
+    ("lengths", [-1], "length")])
+def test_lab_settings_refuse_bad_counts_before_any_model_loads(field, value, said):
+    from specviz.lab.common import Settings
+
+    with pytest.raises(SpecvizError, match=said):
+        Settings(prompt="Name a colour.", **{field: value})
+
+
+def test_early_exit_depths_are_checked_against_the_target_before_measuring(tiny, monkeypatch):
+    pipe = tiny()
+    layers = len(pipe.target.model.get_decoder().layers)
+    started = []
+    for method in ("vanilla", "speculative"):
+        monkeypatch.setattr(type(pipe), method, lambda *a, **k: started.append(1) or iter(()))
+    for name in ("when_not", "cost_map"):
+        with pytest.raises(SpecvizError, match=f"between 1 and {layers - 1}"):
+            _run(name, pipe, depths=[layers], max_new_tokens=4, repeats=1)
+    assert not started  # refused before any decoding
 
 
 def test_when_not_times_lengths_and_drafts_by_their_fastest_runs(tiny, monkeypatch):
@@ -387,7 +414,7 @@ def test_browser_lab_runs_an_experiment(tiny_registry, monkeypatch):
             page.wait_for_function("document.querySelector('#sv-lab-status')?.innerText.includes('■ done')",
                                    timeout=90_000)
             assert "vllm serve" in page.locator("#sv-lab-takeaway").inner_text()
-            assert page.locator("#sv-lab-plot .plot-container").count() >= 1
+            page.wait_for_selector("#sv-lab-plot .plot-container", timeout=10_000)  # drawn after the status
             # on a phone the chart keeps ~720 px and scrolls sideways (when_not's three panels squeezed
             # into 390 px printed their titles over each other)
             page.set_viewport_size({"width": 390, "height": 844})

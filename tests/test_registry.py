@@ -37,6 +37,8 @@ def bad(**changes):
     (bad(pairs__p__drafter={"kind": "model", "model": "zzz"}), "unknown draft model"),
     (bad(pairs__p__drafter={"kind": "early_exit"}), "layers"),
     (bad(pairs__p__gamma=0), "gamma"),
+    (bad(pairs__p__gamma=99), "gamma must be a whole number from 1 to 31, got 99"),
+    (bad(pairs__p__gamma=True), "gamma"),
     (bad(pairs={}), "no pairs"),
     ({**GOOD, "default_pair": "nope"}, "default_pair"),
 ])
@@ -62,6 +64,17 @@ def test_missing_or_broken_registry_file(tmp_path):
     f = tmp_path / "m.yaml"
     f.write_text("models: [unclosed")
     with pytest.raises(SpecvizError, match="YAML"):
+        load_registry(f)
+    f.write_bytes(b"\x00\xff\xfe binary")
+    with pytest.raises(SpecvizError, match="not UTF-8 text"):
+        load_registry(f)
+    with pytest.raises(SpecvizError, match="is a folder"):
+        load_registry(tmp_path)
+    f.write_text("")  # an empty file, or one with no pairs: the message names the file it read, not models.yaml
+    with pytest.raises(SpecvizError, match=f"{f} must be a mapping"):
+        load_registry(f)
+    f.write_text("models: {}\npairs: {p: {target: a}}\n")
+    with pytest.raises(SpecvizError, match=f"^{f}: pair 'p': unknown target"):
         load_registry(f)
 
 

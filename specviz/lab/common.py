@@ -9,6 +9,7 @@ from typing import Iterator
 
 from ..drafters import Drafter
 from ..engine import MAX_GAMMA, MAX_SEED, DecodeConfig, _whole, check_prompt
+from ..errors import SpecvizError
 from ..pipeline import Pipeline
 from ..sampling import SamplingConfig
 from ..trace import Speedup, Trace, compare_speed
@@ -16,6 +17,8 @@ from ..trace import Speedup, Trace, compare_speed
 
 REPEATS = 3  # timed runs of each thing an experiment times, as the bench's --repeats
 MAX_REPEATS = 10
+MAX_SAMPLES = 10_000  # real speculative iterations: ~2 hours on a 2-core CPU
+MAX_BREAK_SAMPLES = 1_000_000  # draws per broken rule (cheap: multinomial draws)
 NOISY = 0.20  # repeats that disagree by more than this (max / min - 1) are flagged, as in the bench
 TIE = 0.05  # measured speedups closer than this to the best are not told apart: repeated experiments differ more
 
@@ -57,6 +60,16 @@ class Settings:
             self.seed = _whole(self.seed, "seed", 0, MAX_SEED)
         if self.repeats is not None:
             self.repeats = _whole(self.repeats, "repeats", 1, MAX_REPEATS)
+        if self.samples is not None:
+            self.samples = _whole(self.samples, "samples (real speculative iterations)", 10, MAX_SAMPLES)
+        if self.break_samples is not None:
+            self.break_samples = _whole(self.break_samples, "break-it draws per rule", 100, MAX_BREAK_SAMPLES)
+        if self.depths is not None:
+            self.depths = [_whole(d, "early-exit depth", 1) for d in self.depths]
+        for name in ("batches", "lengths"):
+            if getattr(self, name) is not None:
+                setattr(self, name, [_whole(x, "length" if name == "lengths" else "batch size", 1, 4096)
+                                     for x in getattr(self, name)])
 
     @property
     def rounds(self) -> int:
@@ -64,6 +77,14 @@ class Settings:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def check_depths(depths: list[int], layers: int) -> None:
+    """Early-exit depths against the loaded target's layers, before any minute is measured."""
+    bad = [d for d in depths if not 1 <= d < layers]
+    if bad:
+        raise SpecvizError(f"early-exit depths must be between 1 and {layers - 1} (the target has {layers} layers), "
+                           f"got {', '.join(map(str, bad))}")
 
 
 @dataclass
@@ -146,12 +167,12 @@ class Measured:
     predicted: float  # theory's decode speedup from this run's alpha, c, v
     output_ids: list[int] = field(default_factory=list, repr=False)
     repeats: int = 1  # timed runs behind the numbers: the fastest of each side is compared
-    spread: float = 0.0  # max / min - 1 over the speculative repeats
-    baseline_spread: float = 0.0  # the same over the vanilla runs it is compared with
+    spread: float | None = None  # max / min - 1 over the speculative repeats (None: one run)
+    baseline_spread: float | None = None  # the same over the vanilla runs it is compared with
 
     @property
     def noisy(self) -> bool:
-        return self.spread > NOISY
+        return self.spread is not None and self.spread > NOISY
 
     @property
     def implausible(self) -> bool:
@@ -178,7 +199,8 @@ GLOSSARY = {
     "predicted": "Leviathan et al.'s decode speedup from this run's alpha, c and v",
     "output_ids": "the generated token ids (identical to vanilla's in greedy decoding)",
     "repeats": "timed runs of this drafter (and of its vanilla baseline), taken in turns; the fastest is used",
-    "spread": "max / min - 1 of this drafter's run times: above 0.2 the machine was busy",
+    "spread": "max / min - 1 of this drafter's run times: above 0.2 the machine was busy (null: one run, "
+              "which cannot show its noise)",
     "baseline_spread": "the same for the vanilla runs it is compared with",
 }
 
@@ -199,9 +221,10 @@ class Fastest:
         return min(self.runs, key=lambda t: t.elapsed_ms)
 
     @property
-    def spread(self) -> float:
+    def spread(self) -> float | None:
+        """max / min - 1 of the runs' times; None for a single run (nothing to compare it with)."""
         ms = [t.elapsed_ms for t in self.runs]
-        return max(ms) / min(ms) - 1.0 if ms and min(ms) > 0 else 0.0
+        return max(ms) / min(ms) - 1.0 if len(ms) > 1 and min(ms) > 0 else None
 
     def at(self, tokens: int) -> float | None:
         """The fastest time to the ``tokens``-th new token over the runs (shorter outputs are prefixes)."""
@@ -240,9 +263,11 @@ def ties(scores: list[tuple[object, float]]) -> tuple[object | None, list]:
 def noise_note(drafts: list[Measured]) -> str:
     """A sentence naming the measurements to doubt, or "" when none is."""
     noisy = [d.label for d in drafts if d.noisy]
-    baseline = max((d.baseline_spread for d in drafts), default=0.0)
+    baseline = max((d.baseline_spread for d in drafts if d.baseline_spread is not None), default=0.0)
     odd = [d.label for d in drafts if d.implausible]
     parts = []
+    if drafts and all(d.spread is None for d in drafts):
+        parts.append("each was timed once, so nothing shows whether the machine was busy (repeats 3 can)")
     if baseline > NOISY:
         parts.append(f"vanilla decoding's repeats (the baseline) disagreed by {baseline:.0%}")
     if noisy:

@@ -28,7 +28,7 @@ from .stats import fit
 NEAR_TIE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.03}
 ALPHA = 1e-3  # the p-value below which the check says "not the target's distribution"
 TOP = 8  # tokens shown in the chart (the rest pooled as "other")
-BREAK_POSITIONS = 24  # break-it looks at the first 24 new tokens of the greedy answer
+BREAK_POSITIONS = 24  # break-it looks at the positions of the greedy answer's first 24 tokens and the one after
 
 
 def p_text(p: float, digits: int = 0) -> str:
@@ -155,7 +155,8 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     samples = s.samples or (100 if getattr(pipe.drafter, "lm", None) is not None else 200)  # < 90 s on a CPU
     n_break = s.break_samples or 2000
     res = SameOutputsResult(pipe.name, s.prompt, variant=s.variant or "raw_q")
-    total = 2 + samples // 25 + len(broken.VARIANTS) + (1 if s.dtype_control and load else 0)
+    # one step each: (a), every 25 iterations of (b) and its last, each rule of (c), and (d)
+    total = 1 + -(-samples // 25) + len(broken.VARIANTS) + (1 if s.dtype_control and load else 0)
     done = 0
     yield Progress(done, total, "(a) greedy: speculative and vanilla decoding in float32")
     res.greedy.append(_greedy(pipe, ids, n_tokens, gamma, str(pipe.target.dtype).replace("torch.", "")))
@@ -251,10 +252,11 @@ def takeaway(res: SameOutputsResult) -> str:
                   if c.rule != "correct" and (c.passed or not c.tested)]
         ok = next((c for c in res.broken if c.rule == "correct"), None)
         parts = ", ".join(f"{c.rule} p {p_text(c.p_value)}" for c in caught)
+        positions = min(BREAK_POSITIONS, len(res.greedy[0].output_ids)) + 1 if res.greedy else BREAK_POSITIONS + 1
         lines.append(f"Break it ({res.broken[0].samples} draws per rule on the real p and q of {res.break_drafter}, "
-                     f"each broken rule where it shows most among the first {BREAK_POSITIONS} answer tokens): "
+                     f"each broken rule where it shows most among the first {positions} new tokens): "
                      f"the correct rule {'passes' if ok and ok.passed else 'FAILS'} (p = {ok.p_value:.2f}); "
                      f"the check catches {len(caught)} of {len(caught) + len(missed)} broken rules ({parts})"
-                     + (f"; it misses {', '.join(missed)}: on this prompt's first {BREAK_POSITIONS} positions that "
+                     + (f"; it misses {', '.join(missed)}: on this prompt's first {positions} new tokens that "
                         "bug moves p by too little to see in these draws" if missed else "") + ".")
     return "\n\n".join(lines)
