@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="decode one prompt and print every iteration")
     _model_args(p)
     p.add_argument("--prompt", required=True)
-    p.add_argument("--gamma", type=int, help="proposals per iteration (default: the pair's)")
+    p.add_argument("--gamma", type=int, help="proposals per iteration (default: the pair's; with --draft, that of "
+                   "models.yaml's pair with that drafter, e.g. 3 for early-exit:L and self:int8)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     _sampling_args(p)
     p.add_argument("--vanilla", action="store_true", help="plain decoding, same settings")

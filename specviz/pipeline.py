@@ -15,7 +15,7 @@ from .backends.transformers import CachedLM, Loaded, check_tokenizers, load_mode
 from .drafters import Drafter
 from .engine import DecodeConfig, encode_prompt, speculative_decode, vanilla_decode
 from .errors import SpecvizError
-from .registry import PairSpec, Registry
+from .registry import PairSpec, Registry, default_gamma
 
 
 @dataclass
@@ -81,12 +81,14 @@ def resolve_pair(registry: Registry, pair: str | None = None, target: str | None
     def spec_of(d):
         return d if isinstance(d, dict) else drafters.parse_drafter(d, list(registry.models))
 
-    if target:
+    if target:  # without a γ, the drafter runs at its pair's in models.yaml (default_gamma), as in the API
         registry.model(target)
-        return PairSpec(f"{target}+{drafter or 'lookup'}", target, spec_of(drafter or "lookup"), gamma or 4)
+        d = spec_of(drafter or "lookup")
+        return PairSpec(f"{target}+{drafter or 'lookup'}", target, d, gamma or default_gamma(registry, target, d))
     spec = registry.pair(pair or registry.default())
     if drafter:
-        spec = PairSpec(spec.name, spec.target, spec_of(drafter), spec.gamma, spec.description)
+        d = spec_of(drafter)
+        spec = PairSpec(spec.name, spec.target, d, gamma or default_gamma(registry, spec.target, d), spec.description)
     return spec
 
 

@@ -216,3 +216,33 @@ def load_registry(path: str | os.PathLike | None = None) -> Registry:
         if str(e).startswith(label):
             raise
         raise SpecvizError(f"{label}: {e}") from None
+
+
+DEFAULT_GAMMA = 4  # a named drafter's γ where models.yaml has no pair for its target
+
+
+def recommended_pair(registry: Registry, target: str) -> PairSpec | None:
+    """The pair models.yaml recommends for ``target``: the default pair if it verifies with it, else
+    the first pair (those that work offline first) that does."""
+    for pair, _ in registry.ordered_pairs():
+        if pair.target == target:
+            return pair
+    return None
+
+
+def default_gamma(registry: "Registry", target: str, drafter: dict) -> int:
+    """γ for a drafter named without one, the same for the CLI, the API and the Lab: that of models.yaml's
+    pair for ``target`` with this drafter (``drafters_pair``), else the recommended pair's, else 4."""
+    own = drafters_pair(registry, target, drafter) or recommended_pair(registry, target)
+    return own.gamma if own is not None else DEFAULT_GAMMA
+
+
+def drafters_pair(registry: Registry, target: str, drafter: dict) -> PairSpec | None:
+    """The pair whose γ a named drafter runs at by default: models.yaml's pair for ``target`` with
+    that drafter (every key the name sets matches), else one with the same kind of drafter. A self-draft
+    tuned for γ 3 ran at the head pair's 10 when a request named it without a γ."""
+    pairs = [pair for pair, _ in registry.ordered_pairs() if pair.target == target]
+    for pair in pairs:
+        if all(pair.drafter.get(k) == v for k, v in drafter.items()):
+            return pair
+    return next((pair for pair in pairs if pair.drafter.get("kind") == drafter.get("kind")), None)

@@ -140,3 +140,21 @@ def test_device_and_dtype_choice():
         pick_dtype("int3", pick_device("cpu"))
     with pytest.raises(SpecvizError, match="device"):
         pick_device("tpu")
+
+
+def test_a_named_drafter_runs_at_its_pairs_gamma_in_the_cli_as_in_the_api(tiny_registry):
+    """Without --gamma, `run --target T --draft D` and `run --draft D` took 4 and the pair's γ (the head
+    pair's 10 for early-exit:6), where the API gives a named drafter the γ of models.yaml's pair with it."""
+    from specviz.api.generate import plan
+    from specviz.api.requests import GenRequest, Speculative
+    from specviz.pipeline import resolve_pair
+
+    reg = load_registry(tiny_registry)
+    cases = {"early-exit:2": 3, "lookup": 5, "lookup:2": 5, "tiny-draft": 4, "recycling": 4}  # recycling: no pair,
+    for name, gamma in cases.items():  # so the recommended (default) pair's γ
+        assert resolve_pair(reg, target="tiny-target", drafter=name).gamma == gamma, name
+        assert resolve_pair(reg, pair="tiny-lookup", drafter=name).gamma == gamma, name
+        req = GenRequest(kind="completion", model="tiny-target", prompt="x", speculative=Speculative(name))
+        assert plan(reg, req).gamma == gamma, name
+    assert resolve_pair(reg, target="tiny-target", drafter="early-exit:2", gamma=7).gamma == 7
+    assert resolve_pair(reg, pair="tiny-early-exit").gamma == 3

@@ -20,32 +20,11 @@ from ..engine import DecodeConfig
 from ..errors import SpecvizError
 from ..events import IterationEvent, StartEvent, SummaryEvent
 from ..pipeline import Pipeline, build_pipeline
-from ..registry import PairSpec, Registry
+from ..registry import DEFAULT_GAMMA, PairSpec, Registry, default_gamma, recommended_pair  # noqa: F401
 from ..sampling import SamplingConfig
 from .errors import ApiError, bad
 from .requests import GenRequest
 
-DEFAULT_GAMMA = 4
-
-
-def recommended_pair(registry: Registry, target: str) -> PairSpec | None:
-    """The pair models.yaml recommends for ``target``: the default pair if it verifies with it, else
-    the first pair (those that work offline first) that does."""
-    for pair, _ in registry.ordered_pairs():
-        if pair.target == target:
-            return pair
-    return None
-
-
-def drafters_pair(registry: Registry, target: str, drafter: dict) -> PairSpec | None:
-    """The pair whose γ a named drafter runs at by default: models.yaml's pair for ``target`` with
-    that drafter (every key the name sets matches), else one with the same kind of drafter. A self-draft
-    tuned for γ 3 ran at the head pair's 10 when a request named it without a γ."""
-    pairs = [pair for pair, _ in registry.ordered_pairs() if pair.target == target]
-    for pair in pairs:
-        if all(pair.drafter.get(k) == v for k, v in drafter.items()):
-            return pair
-    return next((pair for pair in pairs if pair.drafter.get("kind") == drafter.get("kind")), None)
 
 
 def drafter_label(spec: dict) -> str:
@@ -96,9 +75,8 @@ def plan(registry: Registry, req: GenRequest) -> Plan:
         drafter = drafters.parse_drafter(spec.draft_model, list(registry.models))
     except SpecvizError as e:
         raise bad(str(e), "speculative.draft_model", "unknown_draft_model") from None
-    own = drafters_pair(registry, req.model, drafter) or pair  # whose γ it runs at when the request gives none
     return Plan(req.model, spec.draft_model, drafter,
-                spec.num_speculative_tokens or (own.gamma if own is not None else DEFAULT_GAMMA))
+                spec.num_speculative_tokens or default_gamma(registry, req.model, drafter))
 
 
 def load(registry: Registry, p: Plan, device: str = "auto", dtype: str = "auto") -> Pipeline:
