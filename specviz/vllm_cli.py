@@ -10,6 +10,8 @@ import signal
 import sys
 import time
 
+from .errors import SpecvizError
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("vllm-serve", help="serve a pair with vLLM (speculative + vanilla servers)")
@@ -67,6 +69,10 @@ def _decode(backend, args) -> None:
 def main(args) -> int:
     from .backends.vllm import VLLMBackend, VLLMServer, plan_pair, require_vllm
 
+    for flag, port in (("--port", args.port), ("--vanilla-port", args.vanilla_port)):
+        if port is not None and not 1 <= port <= 65535:
+            raise SpecvizError(f"{flag} must be a port from 1 to 65535, got {port}")
+    plan_pair(args.pair, args.gamma, args.models, check_only=True)  # a wrong pair is said before "not installed"
     require_vllm()
     plan = plan_pair(args.pair, args.gamma, args.models, progress=_say)
     servers = []

@@ -179,11 +179,27 @@ def test_vllm_not_installed_is_a_clear_error(monkeypatch, tmp_path):
         VLLMBackend.launch()
 
 
-def test_unreachable_server_is_a_clear_error():
+def test_unreachable_server_is_a_clear_error(monkeypatch):
+    import specviz.backends.vllm as vllm
     from specviz.backends.vllm import VLLMBackend, free_port
 
+    # asked before the pair is planned: planning converts the model (a 538 MB folder) for a server not there
+    monkeypatch.setattr(vllm, "plan_pair", lambda *a, **k: pytest.fail("planned before asking the server"))
     with pytest.raises(SpecvizError, match="no vLLM server answers"):
         VLLMBackend.connect(f"http://127.0.0.1:{free_port()}")
+
+
+@pytest.mark.parametrize("argv, needle", [(["--pair", "nope"], "unknown pair 'nope'"),
+                                          (["--pair", "smollm2-135m-early-exit"], "early exit"),
+                                          (["--port", "99999"], "--port must be a port"),
+                                          (["--vanilla-port", "0"], "--vanilla-port must be a port")])
+def test_vllm_serve_says_what_is_wrong_before_whether_vllm_is_installed(capsys, tmp_path, monkeypatch, argv, needle):
+    from specviz.cli import main
+
+    monkeypatch.setenv("SPECVIZ_VLLM_PYTHON", str(tmp_path / "no-such-python"))
+    assert main(["vllm-serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "not installed" not in err
 
 
 def test_pairs_vllm_cannot_run(tmp_path):

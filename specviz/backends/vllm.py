@@ -148,8 +148,9 @@ def convert_gguf(gguf: Path, out: Path, progress=None) -> Path:
 
 
 def plan_pair(pair: str | None = None, gamma: int | None = None, models: str | None = None,
-              progress=None, method: str = "ngram") -> ServePlan:
-    """How to serve a registry pair with vLLM, or a SpecvizError saying why it cannot be.
+              progress=None, method: str = "ngram", check_only: bool = False) -> ServePlan | None:
+    """How to serve a registry pair with vLLM, or a SpecvizError saying why it cannot be (``check_only``:
+    only that, before vLLM is needed or the model converted).
 
     ``method`` (lookup pairs): "ngram", vLLM's n-gram proposer (wrapped to trace every step), or
     "suffix", vLLM's suffix decoding (arctic-inference) with the global tree of past responses
@@ -174,6 +175,8 @@ def plan_pair(pair: str | None = None, gamma: int | None = None, models: str | N
         if drafter.get("lookup") is False:
             raise SpecvizError(f"pair {name!r} drafts with specviz's trained head alone, which vLLM cannot run")
         kind = "prompt_lookup"  # vLLM serves the pair's lookup half: it has no hook for the head's hidden state
+    if check_only:  # what can be said without vLLM or converting the model
+        return None
     model, offline = model_folder(p["target"], reg, base, progress)
     if kind == "prompt_lookup" and method == "suffix":  # it sizes each proposal itself; k is the cap
         return ServePlan(name, p["target"], model, offline, k, "suffix",
@@ -372,11 +375,11 @@ class VLLMBackend:
         import httpx
         from transformers import AutoTokenizer
 
-        plan = plan or plan_pair(pair, None, models)
-        try:
+        try:  # asked first: planning may convert the model to a folder (hundreds of MB) for nothing
             served = httpx.get(spec_url.rstrip("/") + "/v1/models", timeout=5).json()["data"]
-        except (httpx.HTTPError, ValueError, KeyError) as e:
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
             raise SpecvizError(f"no vLLM server answers at {spec_url} ({type(e).__name__})") from None
+        plan = plan or plan_pair(pair, None, models)
         max_len = served[0].get("max_model_len")
         tok = AutoTokenizer.from_pretrained(plan.model)
         info = {"name": plan.target, "device": f"vLLM at {spec_url}", "dtype": dtype, "source": plan.model,
