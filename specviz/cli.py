@@ -127,7 +127,7 @@ def cmd_pairs(args) -> int:
     default = reg.default()
     for pair, offline in reg.ordered_pairs():
         tags = ["default"] if pair.name == default else []
-        tags.append("offline" if offline else "needs the Hub")
+        tags.append(reg.availability(pair))
         drafter = pair.draft_model or pair.drafter["kind"].replace("_", "-")
         print(f"{pair.name}\t{pair.target} <- {drafter}\tgamma={pair.gamma}\t[{', '.join(tags)}]\t{pair.description}")
     return 0

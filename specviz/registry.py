@@ -12,6 +12,7 @@ import yaml
 from .errors import SpecvizError
 
 DEFAULT_REGISTRY = Path(__file__).resolve().parent.parent / "models.yaml"
+DRAFTER_FILES = ("weights", "datastore")  # drafter keys that name a file (resolved against models.yaml's folder)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,25 @@ class Registry:
 
     def offline(self, pair: PairSpec) -> bool:
         names = [pair.target] + ([pair.draft_model] if pair.draft_model else [])
-        return all(self.models[n].offline_source() is not None for n in names)
+        return all(self.models[n].offline_source() is not None for n in names) and not self.missing_files(pair)
+
+    def missing_files(self, pair: PairSpec) -> list[str]:
+        """The drafter's files (a trained head's weights, a datastore) that are not where models.yaml says."""
+        return [str(v) for k, v in pair.drafter.items() if k in DRAFTER_FILES and v and not Path(v).exists()]
+
+    def availability(self, pair: PairSpec) -> str:
+        """"offline", "needs the Hub", or "unavailable: ..." saying what is missing."""
+        if self.offline(pair):
+            return "offline"
+        missing = self.missing_files(pair)
+        if missing:
+            return "unavailable: " + ", ".join(missing) + " missing"
+        names = [pair.target] + ([pair.draft_model] if pair.draft_model else [])
+        lost = [n for n in names if self.models[n].offline_source() is None
+                and not any(s.kind == "hub" for s in self.models[n].sources)]
+        if lost:
+            return "unavailable: no source of " + ", ".join(lost) + " exists"
+        return "needs the Hub"
 
     def ordered_pairs(self) -> list[tuple[PairSpec, bool]]:
         """Default pair first, then the other pairs that work offline, then those needing the Hub."""

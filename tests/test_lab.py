@@ -356,6 +356,8 @@ def test_cli_lab_json(tiny_registry, capsys):
     from specviz.lab.common import Measured
     assert set(lines[-1]["glossary"]) == {f.name for f in fields(Measured)}
     assert main(["lab", "list"]) == 0 and set(EXPERIMENTS) <= set(capsys.readouterr().out.split())
+    assert main(["lab", "list", "--json"]) == 0
+    assert [e["name"] for e in json.loads(capsys.readouterr().out)] == list(EXPERIMENTS)
 
 
 @pytest.mark.parametrize("extra,needle", [

@@ -158,3 +158,27 @@ def test_a_named_drafter_runs_at_its_pairs_gamma_in_the_cli_as_in_the_api(tiny_r
         assert plan(reg, req).gamma == gamma, name
     assert resolve_pair(reg, target="tiny-target", drafter="early-exit:2", gamma=7).gamma == 7
     assert resolve_pair(reg, pair="tiny-early-exit").gamma == 3
+
+
+def test_pairs_say_what_they_lack(tmp_path):
+    """A copy of models.yaml elsewhere lacks the assets its paths name: those pairs read "unavailable",
+    not "offline", and the default moves to a pair that runs; a model with no source at all is not
+    "needs the Hub"."""
+    import shutil
+
+    from specviz.registry import DEFAULT_REGISTRY
+
+    copy = tmp_path / "m.yaml"
+    shutil.copy(DEFAULT_REGISTRY, copy)
+    reg = load_registry(copy)
+    head = reg.pairs["smollm2-135m-head"]
+    assert reg.availability(head).startswith("unavailable:") and "draft-head" in reg.availability(head)
+    assert not reg.offline(head) and reg.default() != "smollm2-135m-head"
+    if reg.offline(reg.pairs["smollm2-135m-early-exit"]):  # the packaged weights are installed here
+        assert reg.availability(reg.pairs["smollm2-135m-early-exit"]) == "offline"
+    assert reg.availability(reg.pairs["qwen2.5-7b-draft-0.5b"]) == "needs the Hub"
+    lost = tmp_path / "lost.yaml"
+    lost.write_text("models:\n  a: {sources: [{local: /no/such/folder}]}\n"
+                    "pairs:\n  p: {target: a, drafter: {kind: prompt_lookup}}\n")
+    reg = load_registry(lost)
+    assert reg.availability(reg.pairs["p"]) == "unavailable: no source of a exists"

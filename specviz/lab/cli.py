@@ -57,6 +57,10 @@ def main(args) -> int:
     from .common import GLOSSARY, Progress, Settings
 
     if args.experiment == "list":
+        if args.json:
+            print(json.dumps([{"name": name, "title": title, "claim": claim}
+                              for name, (_, title, claim) in EXPERIMENTS.items()]))
+            return 0
         for name, (_, title, claim) in EXPERIMENTS.items():
             print(f"{name}\t{title}\t{claim}")
         return 0
