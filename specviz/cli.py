@@ -186,11 +186,14 @@ def cmd_run(args) -> int:
     return 0
 
 
+MAX_CHECK_SAMPLES = 100_000
+
+
 def cmd_check(args) -> int:
     from .check import first_token_check
 
-    if args.samples < 10:
-        raise SpecvizError(f"--samples must be at least 10, got {args.samples}")
+    if not 10 <= args.samples <= MAX_CHECK_SAMPLES:  # each is a speculative iteration: ~20 an s on 2 cores
+        raise SpecvizError(f"--samples must be from 10 to {MAX_CHECK_SAMPLES:,}, got {args.samples}")
     args.max_new_tokens = 1
     _settings_first(args)
     pipe = _pipeline(args)

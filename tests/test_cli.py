@@ -121,6 +121,7 @@ def test_check_json(capsys, tiny_registry):
     (["run", "--pair", "tiny-draft", "--prompt", "x", "--max-new-tokens", "0"], "max new tokens"),
     (["run", "--pair", "tiny-draft", "--prompt", "x", "--device", "cuda"], "cuda"),
     (["check", "--pair", "tiny-draft", "--prompt", "x", "--samples", "2"], "samples"),
+    (["check", "--pair", "tiny-draft", "--prompt", "x", "--samples", "9" * 20], "--samples must be from 10 to"),
 ])
 def test_errors_are_one_clear_line(capsys, tiny_registry, argv, needle):
     code, out, err = cli(capsys, *argv[:1], "--models", str(tiny_registry), *argv[1:])
