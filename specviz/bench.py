@@ -253,13 +253,14 @@ class Row:
     cost_model: float  # measured tokens / (draft + verify time in vanilla steps): where the time should go
     speedup_median_of_medians: float = 0.0  # the same ratios from each prompt's median run
     spread: float | None = None  # median over prompts of max / min - 1 of the repeats (None: one repeat)
-    noisy: int = 0  # prompts whose repeats disagree by more than NOISY
+    noisy: int | None = 0  # prompts whose repeats disagree by more than NOISY (None: one repeat)
     ratio_low: float = 0.0  # the lowest and highest per-prompt ratio
     ratio_high: float = 0.0
     peer_baseline: float | None = None  # transformers' plain generate() time over specviz's vanilla time (totals)
 
 
 def aggregate(name: str, rs: list[PromptResult]) -> Row:
+    spreads = [r.spread for r in rs if r.spread is not None]  # none with one repeat: no noise to tell
     tokens = sum(r.new_tokens for r in rs)
     prop, acc, seen = sum(r.proposed for r in rs), sum(r.accepted for r in rs), sum(r.examined for r in rs)
     a = acc / prop if prop else None
@@ -292,8 +293,7 @@ def aggregate(name: str, rs: list[PromptResult]) -> Row:
         predicted, sum(r.vanilla_decode_ms for r in rs) / sum(r.spec_decode_ms for r in rs),
         tokens / spent if spent else 0.0,
         median([(r.vanilla_median_ms or r.vanilla_ms) / (r.spec_median_ms or r.spec_ms) for r in rs]),
-        median([r.spread for r in rs if r.spread is not None]) if any(r.spread is not None for r in rs) else None,
-        sum(r.noisy for r in rs),
+        *((median(spreads), sum(r.noisy for r in rs)) if spreads else (None, None)),
         min(r.vanilla_ms / r.spec_ms for r in rs), max(r.vanilla_ms / r.spec_ms for r in rs),
         (sum(r.hf_plain_ms for r in peers) / sum(r.vanilla_ms for r in peers)) if peers else None)
 
