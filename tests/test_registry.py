@@ -177,6 +177,11 @@ def test_pairs_say_what_they_lack(tmp_path):
     if reg.offline(reg.pairs["smollm2-135m-early-exit"]):  # the packaged weights are installed here
         assert reg.availability(reg.pairs["smollm2-135m-early-exit"]) == "offline"
     assert reg.availability(reg.pairs["qwen2.5-7b-draft-0.5b"]) == "needs the Hub"
+    from specviz.view.menus import pair_choices
+
+    shown = dict((value, label) for label, value in pair_choices(reg))
+    assert shown["smollm2-135m-head"].endswith("(unavailable here)")
+    assert shown["qwen2.5-7b-draft-0.5b"].endswith("(needs the Hub)")
     lost = tmp_path / "lost.yaml"
     lost.write_text("models:\n  a: {sources: [{local: /no/such/folder}]}\n"
                     "pairs:\n  p: {target: a, drafter: {kind: prompt_lookup}}\n")
