@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer-vllm", nargs="?", const="start", metavar="URLS",
                    help="add vLLM with speculation over vLLM without: 'start' (default) starts both servers "
                         "for the pair (bash scripts/setup.sh --vllm), or 'SPEC_URL,VANILLA_URL'")
-    p.add_argument("--vllm-method", choices=("ngram", "suffix"), default="ngram",
+    p.add_argument("--vllm-method", choices=("ngram", "suffix"), default=None,
                    help="vLLM's drafting for a lookup pair: its n-gram proposer, or suffix decoding "
                         "(arctic-inference; the cache of past answers off, since prompts repeat)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each prompt, interleaved; the minimum counts")
@@ -110,6 +110,9 @@ def _pipeline(args, reg=None):
     from .pipeline import build_pipeline
     from .registry import load_registry
 
+    if getattr(args, "exact", False) and args.dtype not in (None, "auto", "float32"):
+        raise SpecvizError(f"--exact holds for float32 (the default on a CPU), not --dtype {args.dtype}: bit-equality "
+                           "of 1-row and many-row passes is a float32 CPU kernel property")
     reg = reg or load_registry(args.models)
     if getattr(args, "exact", False):
         os.environ["SPECVIZ_EXACT"] = "1"  # read where models load: vanilla and speculative alike
@@ -230,6 +233,9 @@ def cmd_bench(args) -> int:
     from .registry import load_registry
 
     # everything that needs no model is refused before the load (~20 s on a CPU)
+    if args.vllm_method and not args.peer_vllm:
+        raise SpecvizError("--vllm-method chooses vLLM's speculation for --peer-vllm: give --peer-vllm too")
+    args.vllm_method = args.vllm_method or "ngram"
     prompts = load_prompts(args.prompts, args.limit, args.categories, args.skip)
     check_settings(args)
     costs = load_costs(args.costs)

@@ -213,6 +213,7 @@ def test_bench_rejects_bad_settings_before_loading_a_model(capsys, tiny_registry
                           (["--compare", "nope"], "unknown pair 'nope'"),
                           (["--costs", "[0]"], "cost profile"),
                           (["--seed", "-5"], "seed must be"),
+                          (["--vllm-method", "suffix"], "give --peer-vllm too"),
                           (["--progress", str(tmp_path / "no" / "such" / "p.jsonl")], "--progress: cannot write")):
         assert main(base + flags) == 2, flags
         err = capsys.readouterr().err

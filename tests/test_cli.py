@@ -71,6 +71,18 @@ def test_a_costs_file_that_is_no_profile_is_one_clear_line(tmp_path, content, ne
     assert str(e.value).startswith("--costs")
 
 
+def test_a_mistyped_exact_mode_is_refused_not_read_as_auto(monkeypatch):
+    from specviz.backends import exact
+    from specviz.errors import SpecvizError
+
+    for said, mode in (("1", "on"), ("off", "off"), ("", "auto"), ("AUTO", "auto")):
+        monkeypatch.setenv("SPECVIZ_EXACT", said)
+        assert exact.mode() == mode
+    monkeypatch.setenv("SPECVIZ_EXACT", "maybe")
+    with pytest.raises(SpecvizError, match="SPECVIZ_EXACT must be auto, 1 .on. or 0 .off., got 'maybe'"):
+        exact.mode()
+
+
 def test_run_vanilla_matches_speculative_greedy(capsys, tiny_registry):
     outs = []
     for extra in ([], ["--vanilla"], ["--draft", "early-exit:2"], ["--draft", "lookup:2"]):
@@ -122,6 +134,7 @@ def test_check_json(capsys, tiny_registry):
     (["run", "--pair", "tiny-draft", "--prompt", "x", "--device", "cuda"], "cuda"),
     (["check", "--pair", "tiny-draft", "--prompt", "x", "--samples", "2"], "samples"),
     (["check", "--pair", "tiny-draft", "--prompt", "x", "--samples", "9" * 20], "--samples must be from 10 to"),
+    (["run", "--pair", "tiny-draft", "--prompt", "x", "--exact", "--dtype", "bfloat16"], "--exact holds for float32"),
 ])
 def test_errors_are_one_clear_line(capsys, tiny_registry, argv, needle):
     code, out, err = cli(capsys, *argv[:1], "--models", str(tiny_registry), *argv[1:])

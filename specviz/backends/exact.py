@@ -56,6 +56,8 @@ def mode() -> str:
         return "on"
     if v in ("0", "false", "no", "off"):
         return "off"
+    if v not in ("", "auto"):  # a typo would otherwise run in whichever mode "auto" picks, without a word
+        raise SpecvizError(f"SPECVIZ_EXACT must be auto, 1 (on) or 0 (off), got {v!r}")
     return "auto"
 
 
