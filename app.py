@@ -200,7 +200,7 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
 
         yield {C["status"]: "● prefilling the prompt…"}  # the earlier run stays until this prompt is accepted
         stream = RUNNER.turns(lambda: live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla)),
-                              on_wait=lambda ahead, eta: {C["status"]: waiting_status(ahead, eta)})
+                              on_wait=lambda ahead, eta: {C["status"]: waiting(ahead, eta)})
         for item in stream:
             if halt.is_set():  # Stop: draw what ran, decode no further (closing the stream ends it)
                 yield _updates(maker.stopped()) or {C["status"]: STOPPED_EARLY}
@@ -225,6 +225,14 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
         halt.close()
 
 
+STARTING = threading.Event()  # set while the start-up preload holds the decode queue
+
+
+def waiting(ahead: int, eta_s: float | None) -> str:
+    """The waiting line, saying so when all that is ahead is the server's start-up (not another visitor)."""
+    return waiting_status(ahead, eta_s, startup=STARTING.is_set() and ahead <= 1)
+
+
 def load_lines(job, halt, working: str):
     """While a load (``RUNNER.submit``) waits for the decode thread: its place behind what runs there (a
     run decoding, typically), then ``working`` again once it runs; None each half second that nothing
@@ -234,7 +242,7 @@ def load_lines(job, halt, working: str):
         ahead = RUNNER.jobs_ahead(job)
         if ahead:
             waited = True
-            yield waiting_status(ahead, RUNNER.estimate_s(ahead))
+            yield waiting(ahead, RUNNER.estimate_s(ahead))
         elif waited:
             waited = False
             yield working
@@ -477,7 +485,7 @@ def lab_tab(inputs: dict) -> None:
             s = Settings(prompt=prompt, chat=bool(chat), seed=typed_seed(seed), temperature=float(temperature or 0),
                          variant=variant)
             stream = RUNNER.turns(lambda: mod.run(pipe, s, load),
-                                  on_wait=waiting_status)
+                                  on_wait=waiting)
             for item in stream:
                 if halt.is_set():  # Stop: the partial chart stays; compute no further
                     shown = "the chart shows what ran" if drawn else "stopped before anything was measured"
@@ -588,6 +596,7 @@ def preload(pair: str = REGISTRY.default(), await_server: bool = False) -> None:
     its cost profile in the decode queue: on the thread that runs decode (a worker thread's
     profile came out 3-5% off), and never beside a first Run, whose timings it would skew.
     ``await_server``: wait until the main thread serves the decode queue, and load there too."""
+    STARTING.set()
     try:
         while await_server and not RUNNER.serving:
             time.sleep(0.05)
@@ -602,6 +611,8 @@ def preload(pair: str = REGISTRY.default(), await_server: bool = False) -> None:
         print(f"[specviz] preload of {pair} failed: {e}")
     except Interrupted:  # the app is stopping (Ctrl-C, SIGTERM) before the preload ended: nothing to report
         pass
+    finally:
+        STARTING.clear()
 
 
 def exit_on_sigterm() -> None:

@@ -696,6 +696,8 @@ def test_preload_measures_the_cost_profile_in_the_decode_queue(monkeypatch):
     class Pipe:
         def warm_up(self, max_gamma=None):
             seen["thread"], seen["gamma"] = threading.get_ident(), max_gamma
+            # a visitor queued behind it is told it is the server's start-up, not another visitor's run
+            seen["said"] = app_module.waiting(1, None)
 
     runner, until = MainThreadRunner(), threading.Event()
     server = threading.Thread(target=runner.serve_forever, kwargs={"poll_s": 0.05, "until": until})
@@ -709,7 +711,10 @@ def test_preload_measures_the_cost_profile_in_the_decode_queue(monkeypatch):
     loader.join(30)
     until.set()
     server.join()
+    said = seen.pop("said")
     assert seen == {"load": server.ident, "thread": server.ident, "gamma": 16}  # loads there too (mainthread.py)
+    assert "the server is still starting" in said and "1 run ahead" not in said
+    assert not app_module.STARTING.is_set() and "1 run ahead" in app_module.waiting(1, None)
 
 
 def test_model_menus_tag_hub_models_and_the_pair_text_says_what_runs(tiny_app):

@@ -126,10 +126,13 @@ def figure(res: SweepResult) -> go.Figure:
                         marker={"color": COLORS["bonus"], "size": 11, "symbol": "star"})
     best, g_theory = res.best()
     if best is not None:
-        fig.add_vline(x=best.gamma, line={"color": COLORS["spec"], "dash": "dash", "width": 1})
+        fig.add_vline(x=best.gamma, line={"color": COLORS["spec"], "dash": "dash", "width": 1},
+                      annotation_text=f"fastest: γ {best.gamma}", annotation_position="top")
     fig.add_hline(y=1.0, line={"color": "rgba(140,140,140,0.7)", "width": 1})
+    # one scale for both: tokens per iteration bounds the speedup (each iteration costs at least one pass), and
+    # scaled on its own the line sat below speedups it bounds
     fig.update_layout(yaxis2={"overlaying": "y", "side": "right", "title": "tokens / iteration", "showgrid": False,
-                              "tickformat": ".2f"})  # its ticks follow the left grid: 1.5823 read as noise
+                              "tickformat": ".2f", "matches": "y"})  # ticks follow the left grid: 1.5823 read as noise
     title = "Speedup over vanilla by γ"
     if not res.complete:
         title += " (incomplete: not every γ has all its runs)"

@@ -219,11 +219,11 @@ def figure(res: SameOutputsResult) -> go.Figure:
     right = f"(c) the rule alone at new token {chosen.position + 1}" if chosen else "(c) break it"
     fig = make_subplots(rows=1, cols=2, subplot_titles=(left, right), horizontal_spacing=0.1)
     if res.real is not None:
-        _bars(fig, res.real, 1, f"speculative ({res.real.samples} iterations, p = {res.real.p_value:.2f})",
+        _bars(fig, res.real, 1, f"speculative ({res.real.samples} iterations, p-value {res.real.p_value:.2f})",
               COLORS["spec"], True)  # speculative's colour, not the green of a kept token
     if chosen is not None:
         if control is not None and control.position == chosen.position:
-            _bars(fig, control, 2, f"correct rule (p = {control.p_value:.2f})", "#b09ae6", True)  # speculative's, lighter
+            _bars(fig, control, 2, f"correct rule (p-value {control.p_value:.2f})", "#b09ae6", True)  # speculative's, lighter
         _bars(fig, chosen, 2, f"{chosen.rule} (p {p_text(chosen.p_value)})", COLORS["rejected"], False)
     fig.update_layout(barmode="group")
     fig.update_annotations(font_size=12)
@@ -255,7 +255,7 @@ def takeaway(res: SameOutputsResult) -> str:
         positions = min(BREAK_POSITIONS, len(res.greedy[0].output_ids)) + 1 if res.greedy else BREAK_POSITIONS + 1
         lines.append(f"Break it ({res.broken[0].samples} draws per rule on the real p and q of {res.break_drafter}, "
                      f"each broken rule where it shows most among the first {positions} new tokens): "
-                     f"the correct rule {'passes' if ok and ok.passed else 'FAILS'} (p = {ok.p_value:.2f}); "
+                     f"the correct rule {'passes' if ok and ok.passed else 'FAILS'} (p-value {ok.p_value:.2f}); "
                      f"the check catches {len(caught)} of {len(caught) + len(missed)} broken rules ({parts})"
                      + (f"; it misses {', '.join(missed)}: on this prompt's first {positions} new tokens that "
                         "bug moves p by too little to see in these draws" if missed else "") + ".")

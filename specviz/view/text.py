@@ -60,9 +60,13 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def waiting_status(ahead: int, eta_s: float | None) -> str:
-    """A queued run's status line (the page and the Lab share the decode queue with the API)."""
+def waiting_status(ahead: int, eta_s: float | None, startup: bool = False) -> str:
+    """A queued run's status line (the page and the Lab share the decode queue with the API).
+    ``startup``: what is ahead is the server's own start-up (loading and timing the default pair)."""
     eta = f", about {eta_s:.0f} s" if eta_s else ""
+    if startup:
+        return ("● waiting for the decoder: the server is still starting (loading the default pair and timing "
+                f"its passes, once){eta}…")
     return f"● waiting for the decoder: {plural(ahead, 'run')} ahead{eta}…"
 
 
@@ -157,8 +161,15 @@ def summary_markdown(spec: Trace, vanilla: Trace | None, exact: Exactness | None
         lines.append(f"| **speedup** (measured, prefill included) | **{cmp.speedup:.2f}x** | 1x |")
         lines.append(f"| decode speedup: measured / theory from α, c, v | {cmp.decode_speedup:.2f}x / "
                      f"{cmp.predicted:.2f}x | |")
-        lines.append(f"| measured this run: draft cost c, verify cost v (vs one vanilla step) | c = {cmp.c:.3f}, v = "
-                     + ", ".join(f"{v:.2f} @ {g}" for g, v in sorted(cmp.v.items())) + " | |")
+        lines.append(f"| measured this run: draft cost c, verify cost v(g) of a pass over g drafted tokens + 1 "
+                     f"(vs one vanilla step) | c = {cmp.c:.3f}, "
+                     + ", ".join(f"v({g}) = {v:.2f}" for g, v in sorted(cmp.v.items())) + " | |")
+        tpi = spec.tokens / max(1, len(spec.iterations))
+        if cmp.speedup > 1.1 * tpi or cmp.decode_speedup > 1.1 * tpi:
+            lines += ["", f"⚠ **Timing noise:** a speedup of {max(cmp.speedup, cmp.decode_speedup):.2f}x is more than "
+                          f"{tpi:.2f} tokens per iteration allow (each iteration costs at least one target pass, "
+                          "and a vanilla step is one pass per token): something else on this machine slowed the "
+                          "vanilla run. Run it again before relying on it."]
         if abs(spec.tokens - van.tokens) > 0.25 * max(spec.tokens, van.tokens):
             lines += ["", f"The two runs wrote {spec.tokens} and {van.tokens} tokens (each ends where its own draws end "
                           "it). The speedup compares their tokens per second, but the shorter run spreads the same "
@@ -171,8 +182,9 @@ def summary_markdown(spec: Trace, vanilla: Trace | None, exact: Exactness | None
                   + ("…" if len(v) > 9 else "") + f" for passes of 1 to {len(v)} tokens. Pin it (`--costs`, or "
                   "*reference costs* in the page) and the same seed gives the same output on any machine."]
     if spec.summary is not None:
+        both = "for both runs" if van else "as it is for vanilla runs"
         lines += ["", f"Timings are the decoders' own: the {spec.summary.consumer_ms / 1000:.2f} s this page spent "
-                      "drawing between iterations is left out, for both runs. One run is one sample: on a busy "
+                      f"drawing between iterations is left out, {both}. One run is one sample: on a busy "
                       "machine the speedup of identical runs varies by ±20% or more; `python -m specviz bench` "
                       "repeats and pairs runs."]
     if exact is not None:
