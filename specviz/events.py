@@ -152,6 +152,7 @@ def to_dict(ev: Event) -> dict:
 
 MAX_LIST = 100_000  # longest list a field may hold (a run of 100k tokens is far beyond any front end)
 MAX_STR = 20_000  # longest string (a prompt's text can be long; a token's is short)
+MAX_TOKEN_TEXT = 512  # longest token text (the longest in common vocabularies are runs of ~100-250 spaces or dashes)
 
 
 class SchemaError(ValueError):
@@ -341,6 +342,15 @@ def _top_probs(top, where: str) -> None:
 
 
 def _check_ranges(ev: Event, where: str) -> None:
+    if isinstance(ev, IterationEvent):  # a token's text is short; a crafted 3,000-character one made the page 6,000 px tall
+        texts = [("proposed_text", t) for t in ev.proposed_text] + [("emitted_text", t) for t in ev.emitted_text]
+        texts += [("correction.text", ev.correction.text)]
+        texts += [("target_top", e[1]) for pos in ev.target_top for e in pos if isinstance(e, list) and len(e) == 3]
+        texts += [("correction.top", e[1]) for e in ev.correction.top if isinstance(e, list) and len(e) == 3]
+        for name, t in texts:
+            if isinstance(t, str) and len(t) > MAX_TOKEN_TEXT:
+                raise SchemaError(f"{where}.{name}: a token's text of {len(t):,} characters (a token's is at most "
+                                  f"{MAX_TOKEN_TEXT})")
     for name in _TIMES:
         t = getattr(ev, name, None)
         if t is not None and not 0 <= t <= MAX_MS:

@@ -827,6 +827,8 @@ def _kept(its):
     (lambda d, its: d["speculative"][0].__setitem__("max_new_tokens", 2), "more than the 2 its start event allows"),
     (lambda d, its: d["speculative"][0]["sampling"].__setitem__("temperature", float("nan")), "nan is not a number"),
     (lambda d, its: d["speculative"][0].__setitem__("costs", {"source": "x", "v": {"a": 1}}), "costs.v: a cost profile"),
+    # a 3,000-character "token" filled the inspector's table: the page grew 6,000 px tall
+    (lambda d, its: its[0]["correction"].__setitem__("text", "w" * 3000), "a token's text of 3,000 characters"),
 ])
 def test_replays_that_no_run_makes_are_refused_naming_the_field(tiny_app, uploads, edit, needle):
     """From a crafted-file audit: each of these passed the loader, then broke the tab (a lone
