@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specviz.backends import exact  # noqa: E402
-from specviz.bench import spread  # noqa: E402
+from specviz.trace import spread  # noqa: E402
 from specviz.backends.transformers import CachedLM  # noqa: E402
 from specviz.drafters import ModelDrafter, PromptLookupDrafter  # noqa: E402
 from specviz.drafters.early_exit import EarlyExitDrafter  # noqa: E402

@@ -27,13 +27,13 @@ from pathlib import Path
 import torch
 
 from .backends.base import Timer
-from .engine import DecodeConfig
+from .engine import DecodeConfig, check_fits
 from .errors import SpecvizError
 from .exactness import compare
 from .pipeline import Pipeline
 from .sampling import SamplingConfig
 from .theory import cost_model
-from .trace import Trace, median
+from .trace import Trace, median, spread
 
 NOISY = 0.20  # repeats of one prompt that disagree by more than this are flagged
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
@@ -147,11 +147,6 @@ def _hf_generate(pipe: Pipeline, ids: list[int], cfg: DecodeConfig, extra: dict)
     with torch.inference_mode(), Timer(pipe.target.device) as t:
         out = model.generate(x, attention_mask=torch.ones_like(x), **kw)
     return t.ms, out[0, len(ids):].tolist()
-
-
-def spread(ms: list[float]) -> float | None:
-    """max / min - 1 of the repeats; None for fewer than two (nothing to compare)."""
-    return max(ms) / min(ms) - 1.0 if len(ms) > 1 and min(ms) > 0 else None
 
 
 def run_prompt(pipe: Pipeline, row: dict, gamma: int, temperature: float, max_new_tokens: int, seed: int,
@@ -389,15 +384,16 @@ def main(args, prompts: list[dict], pipe: Pipeline, costs: tuple | None = None,
         tqdm = None
     # every prompt encoded and checked before any is measured: one too long for the model, found only
     # when its turn came, would end the bench after minutes with no table
-    ctx = pipe.target_lm.context_length
     for row in prompts:
         where = f"{args.prompts}: prompt {row['id']} ({row['category']})"
         try:
-            n = len(pipe.encode(row["prompt"], not args.no_chat))
+            ids = pipe.encode(row["prompt"], not args.no_chat)
         except SpecvizError as e:
             raise SpecvizError(f"{where}: {e}") from None
-        if n >= ctx:
-            raise SpecvizError(f"{where} is {n} tokens; the model's context is {ctx}")
+        try:
+            check_fits(ids, pipe.target_lm.context_length)
+        except SpecvizError as e:
+            raise SpecvizError(f"{where} is too long: {e}") from None
     # warm up every path (first calls allocate and pick kernels)
     warm = DecodeConfig(gamma=gammas[0], max_new_tokens=8)
     list(pipe.vanilla(prompts[0]["prompt"], warm))

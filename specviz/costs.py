@@ -52,8 +52,8 @@ def check_profile(data, where: str = "costs") -> tuple[float, ...]:
     if not ok:
         shown = repr(data)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        raise SpecvizError(f"{where}: a cost profile is a list of 1 to {MAX_LENGTHS} numbers, each above 0 and at "
-                           f"most {MAX_COST:g} (a pass's cost in 1-token passes), got {shown}")
+        raise SpecvizError(f"{where}: a cost profile is a list of 1 to {MAX_LENGTHS} numbers, each of which must be in "
+                           f"(0, {MAX_COST:g}] (a pass's cost in 1-token passes), got {shown}")
     return tuple(float(x) for x in data)
 
 

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from .acceptance import verify_logits
-from .costs import check_profile
 from .backends.base import Target
+from .costs import check_profile
 from .drafters.base import Drafter
 from .errors import SpecvizError
 from .events import Correction, IterationEvent, StartEvent, SummaryEvent, lone_surrogate
@@ -129,6 +129,12 @@ def check_prompt(prompt) -> str:
         raise SpecvizError(f"the prompt holds text that is not valid Unicode at character {at + 1} "
                            "(a lone surrogate, half of a character)")
     return prompt
+
+
+def check_fits(prompt_ids: list[int], context: int) -> None:
+    """A prompt must leave room in the model's context for at least one new token."""
+    if len(prompt_ids) >= context:
+        raise SpecvizError(f"the prompt is {len(prompt_ids)} tokens; the model's context is {context}")
 
 
 def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
@@ -246,15 +252,13 @@ class Run:
                  cfg: DecodeConfig, drafter: Drafter | None = None, info: dict | None = None):
         if not prompt_ids:
             raise SpecvizError("the prompt is empty")
-        ctx = target.context_length
-        if len(prompt_ids) >= ctx:
-            raise SpecvizError(f"the prompt is {len(prompt_ids)} tokens; the model's context is {ctx}")
+        check_fits(prompt_ids, target.context_length)
         self.mode, self.target, self.cfg, self.drafter = mode, target, cfg, drafter
         self.texts = TokenText(tokenizer)
         self.eos = set(target.eos_ids)
         self.prompt_ids = list(prompt_ids)
         self.ids = list(prompt_ids)
-        self.limit = min(cfg.max_new_tokens, ctx - len(prompt_ids))
+        self.limit = min(cfg.max_new_tokens, target.context_length - len(prompt_ids))
         self.gen = make_generator(cfg.seed)
         self.info = info or {}
         self.iterations = 0

@@ -19,6 +19,9 @@ import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Callable
 
+from .costs import check_profile
+from .errors import SpecvizError
+
 
 class Later:
     """Fields filled in on first read: ``cls.later(fill, **now)`` makes the record with the fields
@@ -359,9 +362,11 @@ def _check_ranges(ev: Event, where: str) -> None:
         if not 0 <= ev.gamma <= 1024 or ev.max_new_tokens < 1:
             raise SchemaError(f"{where}: gamma {ev.gamma} or max_new_tokens {ev.max_new_tokens} is out of range")
         v = ev.costs.get("v") if ev.costs else None
-        if v is not None and (not isinstance(v, list) or not all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e3 for x in v)):
-            raise SchemaError(f"{where}.costs.v: a cost profile is a list of positive numbers, got {_show(v)}")
+        if v is not None:
+            try:
+                check_profile(v, f"{where}.costs.v")
+            except SpecvizError as e:
+                raise SchemaError(str(e)) from None
         for key, lo, hi in (("temperature", 0, 1e6), ("top_p", 0, 1), ("top_k", 0, 2 ** 31)):
             x = ev.sampling.get(key)
             if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not lo <= x <= hi):

@@ -112,26 +112,20 @@ class Registry:
         return self.pairs[name]
 
     def offline(self, pair: PairSpec) -> bool:
-        names = [pair.target] + ([pair.draft_model] if pair.draft_model else [])
-        return all(self.models[n].offline_source() is not None for n in names) and not self.missing_files(pair)
-
-    def missing_files(self, pair: PairSpec) -> list[str]:
-        """The drafter's files (a trained head's weights, a datastore) that are not where models.yaml says."""
-        return [str(v) for k, v in pair.drafter.items() if k in DRAFTER_FILES and v and not Path(v).exists()]
+        return self.availability(pair) == "offline"
 
     def availability(self, pair: PairSpec) -> str:
-        """"offline", "needs the Hub", or "unavailable: ..." saying what is missing."""
-        if self.offline(pair):
-            return "offline"
-        missing = self.missing_files(pair)
+        """"offline", "needs the Hub", or "unavailable: ..." saying what is missing: a drafter's file (a
+        trained head's weights, a datastore) not where models.yaml says, or a model with no source at all."""
+        missing = [str(v) for k, v in pair.drafter.items() if k in DRAFTER_FILES and v and not Path(v).exists()]
         if missing:
             return "unavailable: " + ", ".join(missing) + " missing"
-        names = [pair.target] + ([pair.draft_model] if pair.draft_model else [])
-        lost = [n for n in names if self.models[n].offline_source() is None
-                and not any(s.kind == "hub" for s in self.models[n].sources)]
-        if lost:
-            return "unavailable: no source of " + ", ".join(lost) + " exists"
-        return "needs the Hub"
+        models = [self.models[n] for n in [pair.target] + ([pair.draft_model] if pair.draft_model else [])]
+        remote = [m for m in models if m.offline_source() is None]
+        if not remote:
+            return "offline"
+        lost = [m.name for m in remote if not any(s.kind == "hub" for s in m.sources)]
+        return "unavailable: no source of " + ", ".join(lost) + " exists" if lost else "needs the Hub"
 
     def ordered_pairs(self) -> list[tuple[PairSpec, bool]]:
         """Default pair first, then the other pairs that work offline, then those needing the Hub."""

@@ -194,6 +194,11 @@ def median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
+def spread(ms: list[float]) -> float | None:
+    """max / min - 1 of repeated timings; None for fewer than two (a single run cannot show its noise)."""
+    return max(ms) / min(ms) - 1.0 if len(ms) > 1 and min(ms) > 0 else None
+
+
 @dataclass
 class Speedup:
     """Speculative vs vanilla decoding of the same prompt, measured side by side."""

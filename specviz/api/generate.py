@@ -20,7 +20,7 @@ from ..engine import DecodeConfig
 from ..errors import SpecvizError
 from ..events import IterationEvent, StartEvent, SummaryEvent
 from ..pipeline import Pipeline, build_pipeline
-from ..registry import DEFAULT_GAMMA, PairSpec, Registry, default_gamma, recommended_pair  # noqa: F401
+from ..registry import DEFAULT_GAMMA, PairSpec, Registry, default_gamma, recommended_pair
 from ..sampling import SamplingConfig
 from .errors import ApiError, bad
 from .requests import GenRequest

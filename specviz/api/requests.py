@@ -246,17 +246,17 @@ def _costs(value) -> tuple[float, ...] | None:
     "reference" (the one shipped in specviz/costs.py), or a profile as ``usage.speculative.costs.v``
     reports it. The lookup and head drafters choose proposal lengths from it, so a seeded sampled
     run repeats across servers and restarts only with the profile pinned."""
-    from ..costs import REFERENCE
+    from ..costs import MAX_COST, MAX_LENGTHS, REFERENCE
 
     if value is None or value == "measured":
         return None
     if value == "reference":
         return REFERENCE
-    param = "speculative.costs"
-    if not isinstance(value, list) or not 1 <= len(value) <= MAX_SPECULATIVE_TOKENS + 1:
-        raise bad(f"{param} must be \"measured\", \"reference\" or a list of 1 to {MAX_SPECULATIVE_TOKENS + 1} "
+    param = "speculative.costs"  # costs.check_profile's rule, said per element in the API's words
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_LENGTHS:
+        raise bad(f"{param} must be \"measured\", \"reference\" or a list of 1 to {MAX_LENGTHS} "
                   f"positive numbers (usage.speculative.costs.v of an earlier response), got {_show(value)}", param)
-    return tuple(_num(x, param, 0.0, 1e3, lo_open=True) for x in value)
+    return tuple(_num(x, param, 0.0, MAX_COST, lo_open=True) for x in value)
 
 
 def parse(body, kind: str, limits: Limits) -> GenRequest:

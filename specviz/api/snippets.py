@@ -41,7 +41,8 @@ def page_draft_model(registry, pair: str, target: str | None, drafter: str | Non
     """(model, draft_model) of the API call that decodes as the page's choice does: a pair, or a
     target and drafter picked in the page (None: the pair's own). ``auto`` where the API's own
     choice for that model is that pair."""
-    from .generate import drafter_label, recommended_pair
+    from ..registry import recommended_pair
+    from .generate import drafter_label
 
     spec = registry.pair(pair)
     model = target or spec.target

@@ -14,7 +14,6 @@ import io
 import logging
 import os
 import socket
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from transformers import DynamicCache
 
 from ..errors import SpecvizError
 from ..costs import fit_profile
+from ..trace import median, spread
 from .base import Timer
 from . import exact
 from .kv import roomy
@@ -132,7 +132,7 @@ class CachedLM:
                         self.feed(probe[:n])
                     self.rollback(len(ctx))
                     ms[n - 1].append(t.ms)
-            noise = statistics.median(max(x) / min(x) - 1 for x in ms if min(x) > 0) if any(ms) else 0.0
+            noise = median([s for s in map(spread, ms) if s is not None])
             if best is None or noise < best[0]:
                 best = (noise, ms)
             if noise <= PROFILE_NOISE:
@@ -150,6 +150,12 @@ class CachedLM:
             self.cached = length
 
 
+def check_exit_layers(layers: int, total: int) -> None:
+    """An early exit after ``layers`` of a target's ``total`` decoder layers: 1 to total - 1."""
+    if not 1 <= layers < total:
+        raise SpecvizError(f"early-exit layers must be between 1 and {total - 1}, got {layers}")
+
+
 def early_exit_view(model: torch.nn.Module, layers: int) -> torch.nn.Module:
     """The target's first ``layers`` decoder layers + its final norm + its head, sharing weights.
 
@@ -157,8 +163,7 @@ def early_exit_view(model: torch.nn.Module, layers: int) -> torch.nn.Module:
     """
     inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     total = len(inner.layers)
-    if not 1 <= layers < total:
-        raise SpecvizError(f"early-exit layers must be between 1 and {total - 1}, got {layers}")
+    check_exit_layers(layers, total)
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = layers
     for key in ("layer_types",):

@@ -9,10 +9,9 @@ from typing import Iterator
 
 from ..drafters import Drafter
 from ..engine import MAX_GAMMA, MAX_SEED, DecodeConfig, _whole, check_prompt
-from ..errors import SpecvizError
 from ..pipeline import Pipeline
 from ..sampling import SamplingConfig
-from ..trace import Speedup, Trace, compare_speed
+from ..trace import Speedup, Trace, compare_speed, spread
 
 
 REPEATS = 3  # timed runs of each thing an experiment times, as the bench's --repeats
@@ -77,14 +76,6 @@ class Settings:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def check_depths(depths: list[int], layers: int) -> None:
-    """Early-exit depths against the loaded target's layers, before any minute is measured."""
-    bad = [d for d in depths if not 1 <= d < layers]
-    if bad:
-        raise SpecvizError(f"early-exit depths must be between 1 and {layers - 1} (the target has {layers} layers), "
-                           f"got {', '.join(map(str, bad))}")
 
 
 @dataclass
@@ -223,8 +214,7 @@ class Fastest:
     @property
     def spread(self) -> float | None:
         """max / min - 1 of the runs' times; None for a single run (nothing to compare it with)."""
-        ms = [t.elapsed_ms for t in self.runs]
-        return max(ms) / min(ms) - 1.0 if len(ms) > 1 and min(ms) > 0 else None
+        return spread([t.elapsed_ms for t in self.runs])
 
     def at(self, tokens: int) -> float | None:
         """The fastest time to the ``tokens``-th new token over the runs (shorter outputs are prefixes)."""

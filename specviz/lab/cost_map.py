@@ -12,11 +12,12 @@ from typing import Callable, Iterator
 import plotly.graph_objects as go
 
 from ..drafters import kind
+from ..backends.transformers import check_exit_layers
 from ..pipeline import Pipeline
 from ..theory import best_gamma
 from ..view.charts import layout
 from ..trace import Trace
-from .common import (TIE, Fastest, Measured, Progress, Settings, check_depths, draft_marker, greedy_cfg, jsonable,
+from .common import (TIE, Fastest, Measured, Progress, Settings, draft_marker, greedy_cfg, jsonable,
                      measured, noise_note, rounds, ties, with_drafter)
 
 ALPHAS = [i / 20 for i in range(20)] + [0.975, 0.99]  # 0 .. 0.99: the map reaches the axis's end
@@ -61,7 +62,8 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     ids = pipe.encode(s.prompt, s.chat)
     layers = len(pipe.target.model.get_decoder().layers)
     depths = s.depths or sorted({max(1, layers * f // 10) for f in (3, 6, 9)})
-    check_depths(depths, layers)
+    for d in depths:  # before any minute is measured
+        check_exit_layers(d, layers)
     n = s.max_new_tokens or 32
     R = s.rounds
     res = CostMapResult(pipe.name, repeats=R)

@@ -18,11 +18,12 @@ from transformers import DynamicCache
 
 from ..backends.base import Timer
 from ..drafters import kind
+from ..backends.transformers import check_exit_layers
 from ..pipeline import Pipeline
 from ..theory import predicted_speedup
 from ..view.charts import COLORS, layout
 from ..trace import Trace
-from .common import (Fastest, Measured, Progress, Settings, check_depths, draft_marker, greedy_cfg, jsonable,
+from .common import (Fastest, Measured, Progress, Settings, draft_marker, greedy_cfg, jsonable,
                      measured, noise_note, rounds, with_drafter)
 
 RULE = 1.5  # tokens per iteration below which explainers say speculation does not pay
@@ -90,7 +91,8 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     lengths = s.lengths or ([8, 16, 32, 64] if slow_draft else [8, 16, 32, 64, 128])
     layers = len(pipe.target.model.get_decoder().layers)
     depths = s.depths or sorted({max(1, layers * f // 10) for f in (2, 5, 8)})
-    check_depths(depths, layers)
+    for d in depths:  # before any minute is measured
+        check_exit_layers(d, layers)
     R = s.rounds
     res = WhenNotResult(pipe.name, pipe.target.device.type, repeats=R)
     total = 2 * R + len(batches) + (1 + len(depths)) * R

@@ -21,12 +21,10 @@ def offline_tag(name: str, offline: bool) -> str:
 def pair_choices(reg: Registry) -> list[tuple[str, str]]:
     """Dropdown entries for pairs, the default first, tagged when the weights must come from the Hub or
     the pair cannot run here (a drafter's file or every model source missing)."""
-    def tag(p, off: bool) -> str:
-        if off:
-            return p.name
+    def tag(p) -> str:
         said = reg.availability(p)
-        return f"{p.name}  (needs the Hub)" if said == "needs the Hub" else f"{p.name}  (unavailable here)"
-    return [(tag(p, off), p.name) for p, off in reg.ordered_pairs()]
+        return p.name if said == "offline" else f"{p.name}  ({said if said == 'needs the Hub' else 'unavailable here'})"
+    return [(tag(p), p.name) for p, _ in reg.ordered_pairs()]
 
 
 def model_choices(reg: Registry, names) -> list[tuple[str, str]]:
