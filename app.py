@@ -24,6 +24,7 @@ from specviz.pipeline import build_pipeline, resolve_pair
 from specviz.registry import load_registry
 from specviz.view import menus, tokens
 from specviz.view.frames import CHART_NAMES, Frame, FrameMaker, inspector_frame, live_run, replay_frames
+from specviz.view.menus import typed_seed
 from specviz.view.text import md, md_text, progress_line, waiting_status
 
 try:  # ZeroGPU on Hugging Face Spaces; a no-op everywhere else
@@ -95,28 +96,6 @@ def _error(message: str, ran: bool = True) -> dict:
     stale = "" if ran else " Nothing ran: anything shown below is from an earlier run."
     end = "" if message.rstrip().endswith((".", "!", "?")) or not stale else "."
     return {C["status"]: f"**Error:** {md(message.rstrip(), 400)}{end}{stale}"}
-
-
-BROWSER_EXACT = 2 ** 53 - 1  # a browser's number box holds whole numbers exactly up to here (a double: 2^53 + 1 arrives as 2^53)
-
-
-def typed_seed(seed):
-    """The page's seed as typed. A browser sends numbers as doubles: one typed above 2^53 - 1 may arrive
-    already rounded (18446744073709551615 as 18446744073709551616, 2^53 + 1 as 2^53), and ran another
-    seed than the box showed. gradio hands it over as an int or a float, so neither type says whether it
-    was rounded: from 2^53 up the page refuses both (2^53 itself may be a rounded 2^53 + 1; the /v1 API
-    and the CLI take any 64-bit seed)."""
-    if seed in (None, ""):
-        return 0
-    if isinstance(seed, (int, float)) and not isinstance(seed, bool):
-        if abs(seed) > BROWSER_EXACT:
-            raise SpecvizError(f"a seed above 2^53 - 1 ({BROWSER_EXACT:,}) cannot be typed exactly in a browser: it "
-                               f"may arrive rounded (here as {seed:,.0f}), so another seed would run than the box shows; "
-                               "use one up to 2^53 - 1 here, or the /v1 API or the CLI for any 64-bit seed")
-        if seed < 0 or seed != int(seed):  # the engine's message would name its range, 0 to 2^64 - 1
-            raise SpecvizError(f"the seed must be a whole number from 0 to 2^53 - 1 ({BROWSER_EXACT:,}) here, got "
-                               f"{seed:g} (the /v1 API and the CLI take any 64-bit seed)")
-    return seed
 
 
 def _custom(choice: str | None) -> str | None:
