@@ -5,11 +5,13 @@ The alternative is the head's second choice where the head drafts, and the head'
 lookup drafts and the head disagrees with the match (both read from the head's first step, which
 runs every iteration anyway: no extra drafting). It is kept where the first proposal is refused and
 the target's token there is the alternative: one more token (the alternative, then the target's
-token after it from the sibling's own row) instead of the correction alone. It costs
-v(g + 1) - v(g) of a plain step for g proposals: nothing while the pass stays within the rows the
-exact kernels pad to (4), a few percent beyond. Counted on the same greedy answers, with the cost
+token after it from the sibling's own row) instead of the correction alone. Its row in the linear
+layers costs v(g + 1) - v(g) of a plain step for g proposals: nothing while the pass stays within
+the rows the exact kernels pad to (4), a few percent beyond; its attention costs more than that
+counts (a product of its own per layer: 6-12% of a pass, scripts/sibling_cost.py). Counted on the same greedy answers, with the cost
 profile pinned, so free of timing noise; nothing is built (a sibling needs its own position and a
-key span without its siblings in the exact attention, and a KV fix-up when it wins).
+key span without its siblings in the exact attention, and a KV fix-up when it wins; what that attention
+costs inside a real pass: scripts/sibling_cost.py).
 
     python scripts/sibling_stats.py --prompts ../shared/prompts/specbench-dev.jsonl --limit 3 \\
         --costs '[1.0, 1.0, 1.0, 1.0, 1.025, 1.054, 1.111, 1.132, 1.179, 1.192, 1.221, 1.249]'
