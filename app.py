@@ -115,10 +115,10 @@ def _cleared() -> dict:
     """The page with no run on it: what a run or replay shows first, so that no panel it has not drawn
     yet (the summary, the time split, the inspector, the file) passes for its result."""
     out = {C[k]: None for k in ("export", "result", "runs") + tuple(f"fig_{n}" for n in CHART_NAMES)}
-    html_, fig = inspector_frame(None, 0)
+    html_, fig = inspector_frame(None, 1)
     out.update({C["tokens"]: tokens.tokens_html([]), C["output"]: "", C["summary"]: "",
                 C["inspect_html"]: html_, C["inspect_fig"]: fig,
-                C["iteration"]: gr.update(maximum=1, value=0, interactive=False)})
+                C["iteration"]: gr.update(minimum=1, maximum=2, value=1, interactive=False)})
     return out
 
 
@@ -285,8 +285,8 @@ def replay(file, request: gr.Request = None):
         yield _error(f"cannot replay this file past this point: {type(e).__name__}: {e}")
 
 
-def inspect(runs, index):
-    html_, fig = inspector_frame((runs or {}).get("spec"), index)
+def inspect(runs, number):
+    html_, fig = inspector_frame((runs or {}).get("spec"), number)
     return html_, fig
 
 
@@ -378,7 +378,7 @@ def build_demo() -> gr.Blocks:
                             C["fig_throughput"], C["fig_position"] = gr.Plot(show_label=False), gr.Plot(show_label=False)
                         C["fig_split"] = gr.Plot(show_label=False)
                     with gr.Tab("Iteration inspector"):
-                        C["iteration"] = clamped(gr.Slider(0, 1, value=0, step=1, label="Iteration", interactive=False,
+                        C["iteration"] = clamped(gr.Slider(1, 2, value=1, step=1, label="Iteration", interactive=False,
                                                             elem_id="sv-iteration"))
                         C["inspect_html"] = gr.HTML(tokens.inspector_html(None))
                         C["inspect_fig"] = gr.Plot(show_label=False)

@@ -57,8 +57,10 @@ def test_inspector_opens_on_the_last_iteration_that_verified_a_proposal(target_m
         spec = states[-1].spec
         frame = FrameMaker().final(states[-1])
         want = max(i for i, e in enumerate(spec.iterations) if e.proposed)
-        assert frame.iteration["value"] == want and frame.iteration["maximum"] == len(spec.iterations) - 1
-        assert f"<b>Iteration {spec.iterations[want].index}</b>" in frame.inspector[0]
+        # the slider counts from 1, as the status line does
+        assert frame.iteration["value"] == want + 1 and frame.iteration["maximum"] == len(spec.iterations)
+        assert frame.iteration["minimum"] == 1
+        assert f"<b>Iteration {spec.iterations[want].index + 1}</b>" in frame.inspector[0]
         ended_bare.add(not spec.iterations[-1].proposed)
     assert True in ended_bare  # the case it is about was met
 
@@ -302,7 +304,7 @@ def test_the_inspector_says_when_the_runs_end_capped_gamma_and_whose_top_tokens_
 
     state = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc",
                           DecodeConfig(gamma=16, max_new_tokens=8, sampling=SamplingConfig(temperature=0.9), seed=1)))[-1]
-    first, _ = inspector_frame(state.spec, 0)
+    first, _ = inspector_frame(state.spec, 1)
     assert "γ max 7, not 16: only 8 more tokens to generate" in first
     e = state.spec.iterations[0]
     assert e.gamma == 7 and len(e.emitted) <= 8
@@ -434,4 +436,5 @@ def test_the_final_token_view_marks_each_iteration_for_the_inspector(target_mode
     final = frames[-1].tokens
     assert final.startswith('<div class="sv-tokens sv-done">')
     marks = [int(m) for m in re.findall(r'<span class="sv-it" data-it="(\d+)"', final)]
-    assert marks == [e.index for e in states[-1].spec.iterations] == list(range(len(marks)))
+    # counted from 1 on the page (the status line says "N iterations"; the inspector's last is "Iteration N")
+    assert marks == [e.index + 1 for e in states[-1].spec.iterations] == list(range(1, len(marks) + 1))

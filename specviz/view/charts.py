@@ -55,6 +55,7 @@ def whole_ticks(fig: go.Figure, n: int) -> None:
 
 def acceptance_figure(trace: Trace) -> go.Figure:
     xs, ys, running = trace.acceptance_series()
+    xs = [x + 1 for x in xs]  # counted from 1, as the page counts iterations
     fig = go.Figure()
     fig.add_bar(x=xs, y=ys, name="kept / proposed", marker_color=COLORS["accepted"], opacity=0.8)
     fig.add_scatter(x=xs, y=running, name="running acceptance rate", mode="lines",

@@ -93,10 +93,11 @@ class Frame:
         return out
 
 
-def inspector_frame(spec: Trace | None, index) -> tuple[str, Any]:
+def inspector_frame(spec: Trace | None, number) -> tuple[str, Any]:
+    """The inspector on iteration ``number``, counted from 1 as the page counts (``tokens.number``)."""
     if spec is None or not spec.iterations:
         return tokens.inspector_html(None), charts.inspector_figure(None)
-    i = max(0, min(int(index or 0), len(spec.iterations) - 1))
+    i = max(0, min(int(number or 1) - 1, len(spec.iterations) - 1))
     e = spec.iterations[i]
     return tokens.inspector_html(e, spec.start.gamma if spec.start is not None else None), charts.inspector_figure(e)
 
@@ -171,8 +172,8 @@ class FrameMaker:
             output=text.output_html(spec, vanilla),
             charts=dict(zip(CHART_NAMES, charts.all_figures(spec, vanilla))),
             summary=text.summary_markdown(spec, vanilla, state.exact, stopped),
-            iteration={"maximum": max(1, last), "value": shown, "interactive": n > 1},
-            inspector=inspector_frame(spec, shown), export=path,
+            iteration={"minimum": 1, "maximum": max(2, n), "value": shown + 1, "interactive": n > 1},
+            inspector=inspector_frame(spec, shown + 1), export=path,
             result=result_of(spec, vanilla, state.exact, stopped),
             runs={"spec": spec, "vanilla": vanilla})
 
