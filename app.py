@@ -458,23 +458,26 @@ def lab_tab(inputs: dict) -> None:
             for line in load_lines(job, halt, loading):
                 yield line or gr.skip(), gr.skip(), gr.skip(), gr.skip()
             if job.cancelled():
-                yield f"■ stopped: **{title}** (stopped before anything was measured)", gr.skip(), gr.skip(), gr.skip()
+                yield (f"■ stopped: **{title}** (stopped before anything was measured)", gr.skip(),
+                       stopped_note(False, None), gr.skip())
                 return
             pipe = job.result()
             s = Settings(prompt=prompt, chat=bool(chat), seed=typed_seed(seed), temperature=float(temperature or 0),
                          variant=variant)
             stream = RUNNER.turns(lambda: mod.run(pipe, s, load),
                                   on_wait=waiting)
+            done = None  # the latest progress: (steps done, of how many)
             for item in stream:
                 if halt.is_set():  # Stop: the partial chart stays; compute no further
                     shown = "the chart shows what ran" if drawn else "stopped before anything was measured"
-                    yield f"■ stopped: **{title}** ({shown})", gr.skip(), gr.skip(), gr.skip()
+                    yield f"■ stopped: **{title}** ({shown})", gr.skip(), stopped_note(drawn, done), gr.skip()
                     break
                 if isinstance(item, str):
                     yield item, gr.skip(), gr.skip(), gr.skip()
                 elif isinstance(item, Progress):
                     fig = mod.figure(item.partial) if item.partial is not None else gr.skip()
                     drawn = drawn or item.partial is not None
+                    done = (item.done, item.total)
                     yield progress_line(item.fraction, item.done, item.total, item.message), fig, gr.skip(), gr.skip()
                 else:
                     path = EXPORTS.save_json(_session(request), f"specviz-lab-{name}", {  # bounded, private
@@ -486,6 +489,14 @@ def lab_tab(inputs: dict) -> None:
             yield f"**Error:** {md(str(e), 400)}", gr.skip(), gr.skip(), gr.skip()
         finally:
             halt.close()
+
+    def stopped_note(drawn: bool, done: tuple | None) -> str:
+        """The takeaway's place after Stop: why there is none (it is written from a whole run's numbers)."""
+        if not drawn:
+            return "*Stopped before anything was measured: press the experiment's button to run it again.*"
+        part = f" ({done[0]:,} of {done[1]:,} steps)" if done and done[1] else ""
+        return (f"*Stopped before the end{part}: the chart shows what was measured so far. The takeaway is "
+                "written from a whole run's numbers, so there is none for a part of one; run it again to finish.*")
 
     def lab_handler(name):
         """run_lab for one experiment, with a signature gradio reads (a partial would not receive the

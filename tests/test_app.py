@@ -767,6 +767,17 @@ def test_a_lab_run_first_clears_the_last_result_and_a_stop_before_any_chart_says
     rest = list(gen)
     assert rest and "■ stopped" in rest[-1][0] and "before anything was measured" in rest[-1][0]
     assert not any("■ done" in r[0] for r in rest)
+    assert "Stopped before anything was measured" in rest[-1][2]  # the takeaway's place says why it is empty
+    # stopped once its chart has grown: the chart stays, and the takeaway's place says it is partial
+    gen = fn("raw_q", "tiny-draft", tiny_app.PAIR_CHOICE, tiny_app.PAIR_CHOICE, "abc abc abc", True, 0.0, 0)
+    for status, plot, takeaway, export in gen:
+        if plot is not None and not isinstance(plot, dict):
+            break
+    tiny_app.stop_lab()
+    last = list(gen)[-1]
+    assert "■ stopped" in last[0] and "the chart shows what ran" in last[0]
+    assert re.search(r"Stopped before the end \(\d+ of \d+ steps\)", last[2])
+    assert not isinstance(last[3], str)  # no file: nothing whole to save
     # run to the end, it fills all three (and a stop is per run: the flag did not outlive it)
     done = list(fn("raw_q", "tiny-draft", tiny_app.PAIR_CHOICE, tiny_app.PAIR_CHOICE, "abc abc abc", True, 0.0, 0))
     status, plot, takeaway, export = done[-1]
