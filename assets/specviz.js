@@ -41,6 +41,10 @@
     const move = () => {  // the tab's content may be drawn only once the tab opens
       const r = range();
       if (!r) { if (++tries < 20) setTimeout(move, 50); return; }
+      // on a narrow screen the inspector opens below the token view, out of sight: bring it up
+      const box = document.getElementById("sv-iteration");
+      const at = box?.getBoundingClientRect();
+      if (at && (at.top < 0 || at.bottom > window.innerHeight - 160)) box.scrollIntoView({block: "start"});
       if (r.disabled || r.value === it.dataset.it) return;
       r.value = it.dataset.it;
       r.dispatchEvent(new Event("input", {bubbles: true}));

@@ -559,6 +559,14 @@ def test_browser_run_output_hide_drafts_and_stop(real_pipeline_factory, tmp_path
             time.sleep(0.5)
             for name in ("Output", "Charts", "Iteration inspector", "Summary", "Lab"):
                 assert page.get_by_role("tab", name=name).is_visible(), name
+            # there the inspector lies below the token view: a click on a token brings it into sight
+            page.locator("#sv-tokens").scroll_into_view_if_needed()
+            page.locator(f"#sv-tokens .sv-done .sv-it[data-it='1'] .sv-tok").first.click()
+            page.wait_for_function("document.querySelector('.sv-inspect b')?.innerText === 'Iteration 1'",
+                                   timeout=15_000)
+            time.sleep(0.3)
+            top = page.evaluate("document.getElementById('sv-iteration').getBoundingClientRect().top")
+            assert 0 <= top < 844 - 160, top
             browser.close()
     finally:
         demo.close()
