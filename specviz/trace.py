@@ -262,6 +262,10 @@ def runs_from_json(data) -> tuple[Trace, Trace | None, dict]:
             raise SchemaError(f"{part}: its iterations emit {trace.tokens} tokens, more than the "
                               f"{trace.start.max_new_tokens} its start event allows")
         if trace.summary is not None:
+            last = trace.iterations[-1].elapsed_ms if trace.iterations else 0.0
+            if trace.summary.wall_ms < last - 1e-6:  # the speedup and tokens/s read the summary's time
+                raise SchemaError(f"{part}: the summary's wall_ms ({trace.summary.wall_ms:g}) is earlier than its last "
+                                  f"iteration's elapsed_ms ({last:g}); a run's time only moves forward")
             emitted = sum(len(e.emitted) for e in trace.iterations)
             if trace.summary.new_tokens != emitted or len(trace.summary.output_ids) != emitted:
                 raise SchemaError(f"{part}: the summary counts {trace.summary.new_tokens} new tokens "

@@ -820,6 +820,21 @@ def test_running_totals_and_clock_that_no_run_makes_are_refused(tiny_app, upload
     assert f"speculative[{len(its)}]." in plain(final["status"])  # the edited event, by its place in the file
 
 
+@pytest.mark.parametrize("part", ["speculative", "vanilla"])
+def test_a_summary_whose_time_ends_before_its_iterations_is_refused(tiny_app, uploads, part):
+    """The speedup and tokens/s read the summary's wall time, the race chart the iterations' clock: a
+    file whose summary claimed 1 ms showed a speedup of thousands beside a chart that said otherwise."""
+    last = final_of(tiny_app.run_decoding(*args()))
+    data = json.load(open(last["export"]))
+    its = [e for e in data[part] if e.get("event") == "iteration"]
+    summary = data[part][-1]
+    assert summary["event"] == "summary" and summary["wall_ms"] >= its[-1]["elapsed_ms"]  # as every run writes it
+    summary["wall_ms"] = 1.0
+    final = final_of(tiny_app.replay(_upload(uploads, json.dumps(data))))
+    assert "runs" not in final and final["status"].startswith("**Error:**")
+    assert f"{part}: the summary's wall_ms (1) is earlier than its last iteration's" in plain(final["status"])
+
+
 def _kept(its):
     """The first iteration that kept a proposal (greedy: its draws are under min(1, p/q) = 1)."""
     return next(e for e in its if e["accepted"] >= 1)
