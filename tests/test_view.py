@@ -438,3 +438,18 @@ def test_the_final_token_view_marks_each_iteration_for_the_inspector(target_mode
     marks = [int(m) for m in re.findall(r'<span class="sv-it" data-it="(\d+)"', final)]
     # counted from 1 on the page (the status line says "N iterations"; the inspector's last is "Iteration N")
     assert marks == [e.index + 1 for e in states[-1].spec.iterations] == list(range(1, len(marks) + 1))
+
+
+def test_the_vanilla_progress_line_counts_against_the_speculative_length_only_when_greedy(target_model, draft_model, tok):
+    """A sampled run's vanilla answer has its own length: the line read "93 of 88 tokens"."""
+    for temperature in (0.0, 0.9):
+        cfg = DecodeConfig(gamma=3, max_new_tokens=16, sampling=SamplingConfig(temperature=temperature), seed=3)
+        states = [s for s in live_run(FakePipe(target_model, draft_model, tok), "abc abc", cfg) if s.phase == "vanilla"]
+        assert states, temperature
+        for s in states:
+            line = text.running_status(s.spec, s.vanilla, s.phase)
+            counts = re.search(r"(\d+) of (\d+) tokens", line)
+            if temperature == 0:
+                assert counts and int(counts[1]) <= int(counts[2]) == s.spec.tokens, line
+            else:
+                assert not counts and f"(the speculative run wrote {s.spec.tokens})" in line, line

@@ -82,8 +82,13 @@ def rate(x: float | None) -> str:
 
 def running_status(spec: Trace, vanilla: Trace | None, phase: str) -> str:
     if phase == "vanilla" and vanilla is not None:
-        target = spec.tokens or (vanilla.start.max_new_tokens if vanilla.start else 0)
-        return (f"● vanilla decoding of the same prompt, for comparison: {vanilla.tokens} of {target} tokens, "
+        # greedy: the same answer, so as long as the speculative one; a sampled answer has its own length
+        # (a sampled run read "93 of 88 tokens")
+        if spec.greedy and spec.tokens and vanilla.tokens <= spec.tokens:
+            so_far = f"{vanilla.tokens} of {spec.tokens} tokens"
+        else:
+            so_far = f"{plural(vanilla.tokens, 'token')} (the speculative run wrote {spec.tokens})"
+        return (f"● vanilla decoding of the same prompt, for comparison: {so_far}, "
                 f"{vanilla.tokens_per_second:.1f} tok/s (speculative: {spec.tokens_per_second:.1f} tok/s)")
     return (f"● speculative decoding: {plural(spec.tokens, 'token')}, {plural(len(spec.iterations), 'iteration')}, "
             f"acceptance {rate(spec.acceptance_rate)}, {spec.tokens_per_second:.1f} tok/s")
