@@ -19,7 +19,7 @@ from specviz.costs import REFERENCE
 from specviz.engine import DecodeConfig
 from specviz.errors import SpecvizError
 from specviz.exports import Exports
-from specviz.mainthread import Interrupted, MainThreadRunner, StopFlags
+from specviz.mainthread import TICK, Interrupted, MainThreadRunner, StopFlags
 from specviz.pipeline import build_pipeline, resolve_pair
 from specviz.registry import load_registry
 from specviz.view import menus, tokens
@@ -464,15 +464,18 @@ def lab_tab(inputs: dict) -> None:
             pipe = job.result()
             s = Settings(prompt=prompt, chat=bool(chat), seed=typed_seed(seed), temperature=float(temperature or 0),
                          variant=variant)
-            stream = RUNNER.turns(lambda: mod.run(pipe, s, load),
-                                  on_wait=waiting)
+            # ticks: a step can take a while (loading a second copy of the target, a sweep's point), and
+            # Stop must answer at once, not when that step ends (the decoder still finishes it first)
+            stream = RUNNER.turns(lambda: mod.run(pipe, s, load), on_wait=waiting, tick_s=0.5)
             done = None  # the latest progress: (steps done, of how many)
             for item in stream:
                 if halt.is_set():  # Stop: the partial chart stays; compute no further
                     shown = "the chart shows what ran" if drawn else "stopped before anything was measured"
                     yield f"■ stopped: **{title}** ({shown})", gr.skip(), stopped_note(drawn, done), gr.skip()
                     break
-                if isinstance(item, str):
+                if item is TICK:
+                    yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                elif isinstance(item, str):
                     yield item, gr.skip(), gr.skip(), gr.skip()
                 elif isinstance(item, Progress):
                     fig = mod.figure(item.partial) if item.partial is not None else gr.skip()

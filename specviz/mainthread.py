@@ -104,11 +104,12 @@ class MainThreadRunner:
             self._turn.notify_all()
 
     def turns(self, make: Callable[[], Iterator], on_wait: Callable[[int, float | None], object] | None = None,
-              reserved: bool = False) -> Iterator:
-        """``stream(make)`` after waiting for this caller's turn in the queue. While it waits,
+              reserved: bool = False, tick_s: float | None = None) -> Iterator:
+        """``stream(make, tick_s)`` after waiting for this caller's turn in the queue. While it waits,
         ``on_wait(runs ahead, estimated seconds)`` is yielded every half second (if given).
         ``reserved``: the place was promised by ``reserve`` (a generator closed before it starts
-        keeps it: its owner then calls ``unreserve``)."""
+        keeps it: its owner then calls ``unreserve``). The turn ends when the job has ended on the
+        serving thread, not merely when its consumer left: the run after it waits as long as it must."""
         ticket = self.take_ticket(reserved)
         t0 = None
         try:
@@ -117,7 +118,7 @@ class MainThreadRunner:
                     ahead = self.position(ticket)
                     yield on_wait(ahead, self.estimate_s(ahead))
             t0 = time.perf_counter()
-            yield from self.stream(make)
+            yield from self.stream(make, tick_s)
         finally:
             self.done(ticket, time.perf_counter() - t0 if t0 is not None else None)
 
@@ -209,16 +210,22 @@ class MainThreadRunner:
             if not fut.done():
                 fut.cancel()
 
-    def stream(self, make: Callable[[], Iterator]) -> Iterator:
-        """Yield the items of ``make()``, computed on the serving thread when there is one."""
+    def stream(self, make: Callable[[], Iterator], tick_s: float | None = None) -> Iterator:
+        """Yield the items of ``make()``, computed on the serving thread when there is one. ``tick_s``:
+        while an item is being computed, yield ``TICK`` that often, so that a consumer waiting on a
+        long step (a Lab experiment's) can look at its Stop flag and answer at once. Closed early, it
+        returns once the job has ended there (at the generator's next item: the step under way
+        finishes first)."""
         if not self.serving or self.on_serving_thread():
             yield from make()
             return
         out: queue.Queue = queue.Queue()
         want = threading.Semaphore(0)  # one release per item the consumer asks for
         stop = threading.Event()
+        started = threading.Event()
 
         def job() -> None:
+            started.set()
             gen = None
             try:
                 gen = make()
@@ -247,19 +254,34 @@ class MainThreadRunner:
                 out.put(("end", None))
 
         self._jobs.put(job)
+        ended = False
         try:
             while True:
                 want.release()
-                kind, value = out.get()
+                while True:
+                    try:
+                        kind, value = out.get(timeout=tick_s)
+                        break
+                    except queue.Empty:
+                        yield TICK
                 if kind == "item":
                     yield value
                 elif kind == "error":
                     raise value
                 else:
+                    ended = True
                     return
         finally:
             stop.set()  # the consumer went away (done, or Stop): the job ends at its next item,
             want.release()  # at once: woken here, not at its next check, so the next run starts now
+            if not ended and started.is_set():  # wait for that (bounded: a step never takes this long)
+                deadline = time.monotonic() + END_WAIT_S
+                while time.monotonic() < deadline:
+                    try:
+                        if out.get(timeout=max(0.0, deadline - time.monotonic()))[0] == "end":
+                            break
+                    except queue.Empty:
+                        break
 
 
 def _run_into(fut: Future, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
@@ -275,6 +297,8 @@ def _run_into(fut: Future, fn: Callable[..., Any], args: tuple, kwargs: dict) ->
 
 
 INTERRUPTED = "the decode thread was interrupted (the server is stopping)"
+TICK = object()  # ``stream(..., tick_s)``: no item yet, the step under way is still computing
+END_WAIT_S = 600.0  # the longest a consumer that left waits for its job's step to end
 
 
 class Interrupted(RuntimeError):

@@ -303,3 +303,36 @@ def test_calls_left_waiting_when_serving_ends_hear_so():
     runner.serving = True
     with pytest.raises(RuntimeError, match="stopped before it could run"):
         runner.call(lambda: "never")
+
+
+def test_a_long_step_ticks_and_a_consumer_that_leaves_frees_the_turn_only_when_the_step_ends(served):
+    """A Lab step can take half a minute (a second copy of the target loading): its consumer got
+    nothing to look at Stop with until it ended, and once it left, the next run took the turn while
+    the serving thread was still busy with that step (its status said "prefilling" for the rest)."""
+    from specviz.mainthread import TICK
+
+    runner, _ = served
+    release, log = threading.Event(), []
+
+    def slow():
+        yield "first"
+        release.wait(10)  # a long step
+        log.append("step ended")
+        yield "second"
+
+    gen = runner.turns(slow, tick_s=0.02)
+    assert next(gen) == "first"
+    assert next(gen) is TICK and next(gen) is TICK  # the step is under way: ticks, not a block
+    closer = threading.Thread(target=gen.close)  # Stop: the consumer leaves mid-step
+    closer.start()
+    got: list = []
+    other = threading.Thread(target=lambda: got.extend(runner.turns(lambda: iter(["next run"]))))
+    other.start()  # the next visitor's run
+    closer.join(0.3)
+    # the consumer waits for the step, keeping its turn meanwhile: the next run waits behind it
+    assert closer.is_alive() and runner.queued == 2 and got == []
+    release.set()
+    closer.join(5)
+    other.join(5)
+    assert not closer.is_alive() and log == ["step ended"]
+    assert got == ["next run"] and runner.queued == 0

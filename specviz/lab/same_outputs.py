@@ -194,6 +194,7 @@ def run(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline] | None = None
     if s.dtype_control and load is not None:
         yield Progress(done, total, "(d) loading a bfloat16 copy of the target and decoding in it")
         bf = load(dtype="bfloat16")
+        yield Progress(done, total, "(d) greedy: speculative and vanilla decoding in bfloat16")  # Stop can end it here
         res.greedy.append(_greedy(bf, bf.encode(s.prompt, s.chat), n_tokens, gamma, "bfloat16"))
         done += 1
     yield Progress(total, total, "done", res)
