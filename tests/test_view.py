@@ -453,3 +453,24 @@ def test_the_vanilla_progress_line_counts_against_the_speculative_length_only_wh
                 assert counts and int(counts[1]) <= int(counts[2]) == s.spec.tokens, line
             else:
                 assert not counts and f"(the speculative run wrote {s.spec.tokens})" in line, line
+
+
+def test_the_inspector_shows_no_min_ratio_for_proposals_the_rule_never_examined(target_model, draft_model, tok):
+    """After the first refusal the rule looks no further; the unchecked rows showed min(1, p/q) like
+    examined ones (0 or 1), as if they had been tested."""
+    seen = 0
+    for seed in range(6):
+        cfg = DecodeConfig(gamma=4, max_new_tokens=24, sampling=SamplingConfig(temperature=0.9), seed=seed)
+        spec = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc", cfg, with_vanilla=False))[-1].spec
+        for e in spec.iterations:
+            if e.accepted + 1 >= len(e.proposed):
+                continue  # no unchecked proposal here
+            rows = re.findall(r"<tr class='sv-row-(\w+)'>(.*?)</tr>", tokens.inspector_html(e))
+            for state, row in rows:
+                cells = re.findall(r"<td>(.*?)</td>", row)
+                if state == "unchecked":
+                    seen += 1
+                    assert cells[4] == "-", row
+                elif state in ("accepted", "rejected"):
+                    assert cells[4] != "-", row
+    assert seen  # the case it is about was met

@@ -61,6 +61,8 @@ def acceptance_figure(trace: Trace) -> go.Figure:
     fig.add_scatter(x=xs, y=running, name="running acceptance rate", mode="lines",
                     line={"color": COLORS["spec"], "width": 2})
     fig.update_yaxes(range=[0, 1.05])
+    if xs:  # the bars' whole width: left to plotly, the first bar was cut in half at the axis
+        fig.update_xaxes(range=[min(xs) - 0.6, max(xs) + 0.6])
     return layout(fig, "Acceptance per iteration", "iteration", "fraction kept")
 
 
@@ -123,8 +125,11 @@ def inspector_figure(e: IterationEvent | None) -> go.Figure:
         fig.add_bar(x=labels, y=e.q, name="q (draft)", marker_color=COLORS["q"])
         fig.add_bar(x=labels, y=e.p, name="p (target)", marker_color=COLORS["p"])
         if all(x in (0.0, 1.0) for x in e.p):  # greedy: p and q are one-hot; show the softmax too
-            fig.add_bar(x=labels, y=e.q_raw, name="q softmax T=1", marker_color=COLORS["q"], opacity=0.45)
-            fig.add_bar(x=labels, y=e.p_raw, name="p softmax T=1", marker_color=COLORS["p"], opacity=0.45)
+            # hatched, not faded: a faded slate bar all but vanished on the dark page
+            fig.add_bar(x=labels, y=e.q_raw, name="q softmax T=1", marker_color=COLORS["q"], opacity=0.8,
+                        marker_pattern_shape="/")
+            fig.add_bar(x=labels, y=e.p_raw, name="p softmax T=1", marker_color=COLORS["p"], opacity=0.8,
+                        marker_pattern_shape="/")
         c = e.correction
         if c.kind == "resample" and c.top and not one_hot(e):
             # the step a class most needs to see: after the refusal the target draws from the residual

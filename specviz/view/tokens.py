@@ -155,8 +155,10 @@ def inspector_html(e: IterationEvent | None, gamma: int | None = None) -> str:
         state = "accepted" if i < e.accepted else "rejected" if i == e.accepted else "unchecked"
         draw = "-" if not known or e.draws[i] is None or greedy else f"{e.draws[i]:.3f}"
         raw = f"{at(e.p_raw, i)} / {at(e.q_raw, i)}"
+        # after a refusal the rule looks no further: no min(1, p/q) was taken there (p and q were computed)
+        ratio = "-" if state == "unchecked" else at(e.accept_prob, i)
         rows.append(f"<tr class='sv-row-{state}'><td>{i + 1}</td><td><code>{show(piece)}</code></td>"
-                    f"<td>{at(e.q, i)}</td><td>{at(e.p, i)}</td><td>{at(e.accept_prob, i)}</td>"
+                    f"<td>{at(e.q, i)}</td><td>{at(e.p, i)}</td><td>{ratio}</td>"
                     f"<td>{draw}</td><td>{state}</td><td>{raw}</td></tr>")
     c = e.correction
     kind = {"resample": "resampled", "bonus": "bonus", "sample": "plain step"}[c.kind]
