@@ -73,7 +73,8 @@ def waiting_status(ahead: int, eta_s: float | None, startup: bool = False) -> st
 def progress_line(fraction: float, done: int, total: int, message: str) -> str:
     """A long experiment's progress as Markdown: a 20-cell bar, the count and what it is doing."""
     n = round(20 * max(0.0, min(1.0, fraction)))
-    return f"`{'█' * n}{'░' * (20 - n)}` {done}/{total} · {md(message, 200)}"
+    # plain text, not a code span: the theme's dark code box hid the filled cells (█ on near-black)
+    return f"{'█' * n}{'░' * (20 - n)} {done}/{total} · {md(message, 200)}"
 
 
 def rate(x: float | None) -> str:
