@@ -470,8 +470,7 @@ def lab_tab(inputs: dict) -> None:
             done = None  # the latest progress: (steps done, of how many)
             for item in stream:
                 if halt.is_set():  # Stop: the partial chart stays; compute no further
-                    shown = "the chart shows what ran" if drawn else "stopped before anything was measured"
-                    yield f"■ stopped: **{title}** ({shown})", gr.skip(), stopped_note(drawn, done), gr.skip()
+                    yield f"■ stopped: **{title}** ({stopped_what(drawn, done)})", gr.skip(), stopped_note(drawn, done), gr.skip()
                     break
                 if item is TICK:
                     yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
@@ -493,13 +492,22 @@ def lab_tab(inputs: dict) -> None:
         finally:
             halt.close()
 
+    def stopped_what(drawn: bool, done: tuple | None) -> str:
+        """What a stopped experiment leaves on the page, for its status line."""
+        if drawn:
+            return "the chart shows what ran"
+        if done and done[0]:  # steps measured, none of them drawn yet (a sweep draws once a point is whole)
+            return f"stopped after {done[0]:,} of {done[1]:,} steps, before its chart had a point"
+        return "stopped before anything was measured"
+
     def stopped_note(drawn: bool, done: tuple | None) -> str:
         """The takeaway's place after Stop: why there is none (it is written from a whole run's numbers)."""
-        if not drawn:
+        if not drawn and not (done and done[0]):
             return "*Stopped before anything was measured: press the experiment's button to run it again.*"
         part = f" ({done[0]:,} of {done[1]:,} steps)" if done and done[1] else ""
-        return (f"*Stopped before the end{part}: the chart shows what was measured so far. The takeaway is "
-                "written from a whole run's numbers, so there is none for a part of one; run it again to finish.*")
+        shown = "the chart shows what was measured so far" if drawn else "too early for the chart's first point"
+        return (f"*Stopped before the end{part}: {shown}. The takeaway is written from a whole run's numbers, "
+                "so there is none for a part of one; run it again to finish.*")
 
     def lab_handler(name):
         """run_lab for one experiment, with a signature gradio reads (a partial would not receive the
