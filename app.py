@@ -25,7 +25,7 @@ from specviz.registry import load_registry
 from specviz.view import menus, tokens
 from specviz.view.frames import CHART_NAMES, Frame, FrameMaker, inspector_frame, live_run, replay_frames
 from specviz.view.menus import typed_seed
-from specviz.view.text import md, md_text, progress_line, waiting_status
+from specviz.view.text import lab_stopped, md, md_text, progress_line, waiting_status
 
 try:  # ZeroGPU on Hugging Face Spaces; a no-op everywhere else
     import spaces
@@ -286,8 +286,7 @@ def replay(file, request: gr.Request = None):
 
 
 def inspect(runs, number):
-    html_, fig = inspector_frame((runs or {}).get("spec"), number)
-    return html_, fig
+    return inspector_frame((runs or {}).get("spec"), number)
 
 
 INTRO = """# specviz · speculative decoding, live
@@ -458,8 +457,8 @@ def lab_tab(inputs: dict) -> None:
             for line in load_lines(job, halt, loading):
                 yield line or gr.skip(), gr.skip(), gr.skip(), gr.skip()
             if job.cancelled():
-                yield (f"■ stopped: **{title}** (stopped before anything was measured)", gr.skip(),
-                       stopped_note(False, None), gr.skip())
+                what, note = lab_stopped(False, None)
+                yield f"■ stopped: **{title}** ({what})", gr.skip(), note, gr.skip()
                 return
             pipe = job.result()
             s = Settings(prompt=prompt, chat=bool(chat), seed=typed_seed(seed), temperature=float(temperature or 0),
@@ -470,7 +469,8 @@ def lab_tab(inputs: dict) -> None:
             done = None  # the latest progress: (steps done, of how many)
             for item in stream:
                 if halt.is_set():  # Stop: the partial chart stays; compute no further
-                    yield f"■ stopped: **{title}** ({stopped_what(drawn, done)})", gr.skip(), stopped_note(drawn, done), gr.skip()
+                    what, note = lab_stopped(drawn, done)
+                    yield f"■ stopped: **{title}** ({what})", gr.skip(), note, gr.skip()
                     break
                 if item is TICK:
                     yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
@@ -491,23 +491,6 @@ def lab_tab(inputs: dict) -> None:
             yield f"**Error:** {md(str(e), 400)}", gr.skip(), gr.skip(), gr.skip()
         finally:
             halt.close()
-
-    def stopped_what(drawn: bool, done: tuple | None) -> str:
-        """What a stopped experiment leaves on the page, for its status line."""
-        if drawn:
-            return "the chart shows what ran"
-        if done and done[0]:  # steps measured, none of them drawn yet (a sweep draws once a point is whole)
-            return f"stopped after {done[0]:,} of {done[1]:,} steps, before its chart had a point"
-        return "stopped before anything was measured"
-
-    def stopped_note(drawn: bool, done: tuple | None) -> str:
-        """The takeaway's place after Stop: why there is none (it is written from a whole run's numbers)."""
-        if not drawn and not (done and done[0]):
-            return "*Stopped before anything was measured: press the experiment's button to run it again.*"
-        part = f" ({done[0]:,} of {done[1]:,} steps)" if done and done[1] else ""
-        shown = "the chart shows what was measured so far" if drawn else "too early for the chart's first point"
-        return (f"*Stopped before the end{part}: {shown}. The takeaway is written from a whole run's numbers, "
-                "so there is none for a part of one; run it again to finish.*")
 
     def lab_handler(name):
         """run_lab for one experiment, with a signature gradio reads (a partial would not receive the

@@ -77,6 +77,23 @@ def progress_line(fraction: float, done: int, total: int, message: str) -> str:
     return f"{'█' * n}{'░' * (20 - n)} {done}/{total} · {md(message, 200)}"
 
 
+def lab_stopped(drawn: bool, done: tuple[int, int] | None) -> tuple[str, str]:
+    """A stopped Lab experiment: (what it left, for its status line; the takeaway's place, saying why
+    there is no takeaway: it is written from a whole run's numbers). ``drawn``: its chart has grown;
+    ``done``: its latest progress (steps done, of how many)."""
+    if not drawn and not (done and done[0]):
+        return ("stopped before anything was measured",
+                "*Stopped before anything was measured: press the experiment's button to run it again.*")
+    part = f" ({done[0]:,} of {done[1]:,} steps)" if done and done[1] else ""
+    if drawn:
+        what, shown = "the chart shows what ran", "the chart shows what was measured so far"
+    else:  # steps measured, none of them drawn yet (a sweep draws once a point is whole)
+        what = f"stopped after {done[0]:,} of {done[1]:,} steps, before its chart had a point"
+        shown = "too early for the chart's first point"
+    return what, (f"*Stopped before the end{part}: {shown}. The takeaway is written from a whole run's numbers, "
+                  "so there is none for a part of one; run it again to finish.*")
+
+
 def rate(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
