@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from ..events import IterationEvent
 from ..trace import Trace
-from .tokens import one_hot
+from .tokens import number, one_hot
 
 COLORS = {"accepted": "#2e9e5b", "rejected": "#d64545", "resample": "#e08a1e", "bonus": "#3b7dd8",
           "spec": "#7b4fd1", "vanilla": "#8a8a8a", "theory": "#c0392b", "draft": "#e0b41e",
@@ -55,14 +55,12 @@ def whole_ticks(fig: go.Figure, n: int) -> None:
 
 def acceptance_figure(trace: Trace) -> go.Figure:
     xs, ys, running = trace.acceptance_series()
-    xs = [x + 1 for x in xs]  # counted from 1, as the page counts iterations
+    xs = [number(x) for x in xs]
     fig = go.Figure()
     fig.add_bar(x=xs, y=ys, name="kept / proposed", marker_color=COLORS["accepted"], opacity=0.8)
     fig.add_scatter(x=xs, y=running, name="running acceptance rate", mode="lines",
                     line={"color": COLORS["spec"], "width": 2})
     fig.update_yaxes(range=[0, 1.05])
-    if xs:  # the bars' whole width: left to plotly, the first bar was cut in half at the axis
-        fig.update_xaxes(range=[min(xs) - 0.6, max(xs) + 0.6])
     return layout(fig, "Acceptance per iteration", "iteration", "fraction kept")
 
 

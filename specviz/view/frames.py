@@ -172,8 +172,8 @@ class FrameMaker:
             output=text.output_html(spec, vanilla),
             charts=dict(zip(CHART_NAMES, charts.all_figures(spec, vanilla))),
             summary=text.summary_markdown(spec, vanilla, state.exact, stopped),
-            iteration={"minimum": 1, "maximum": max(2, n), "value": shown + 1, "interactive": n > 1},
-            inspector=inspector_frame(spec, shown + 1), export=path,
+            iteration={"minimum": 1, "maximum": max(2, n), "value": tokens.number(shown), "interactive": n > 1},
+            inspector=inspector_frame(spec, tokens.number(shown)), export=path,
             result=result_of(spec, vanilla, state.exact, stopped),
             runs={"spec": spec, "vanilla": vanilla})
 

@@ -26,11 +26,11 @@ LEGEND = (
     '</div>')
 
 
+def number(index: int) -> int:
+    """An iteration's ``index`` (from 0, as the events and exported runs count) as the page counts it:
+    from 1, as the status line's count does."""
+    return int(index) + 1
 
-def number(e: IterationEvent) -> int:
-    """An iteration as the page counts it: from 1, as the status line's count does (the events' and the
-    exported runs' ``index`` counts from 0)."""
-    return int(e.index) + 1
 
 def show(piece: str, breaks: bool = True) -> str:
     """Escaped, with whitespace made visible where it would vanish. ``breaks=False`` (discarded
@@ -65,8 +65,8 @@ def one_hot(e: IterationEvent) -> bool:
 
 def _token_title(e: IterationEvent, i: int, state: str) -> str:
     if len(e.q) <= i or len(e.p) <= i:  # a backend that does not report p and q (a serving engine)
-        return f"iteration {number(e)}, draft position {i + 1}: {state}\np and q: not reported by this backend"
-    lines = [f"iteration {number(e)}, draft position {i + 1}: {state}",
+        return f"iteration {number(e.index)}, draft position {i + 1}: {state}\np and q: not reported by this backend"
+    lines = [f"iteration {number(e.index)}, draft position {i + 1}: {state}",
              f"q (draft) = {_fmt(e.q[i])}    p (target) = {_fmt(e.p[i])}",
              f"min(1, p/q) = {_fmt(e.accept_prob[i])}"]
     if e.draws[i] is not None and one_hot(e):
@@ -89,7 +89,7 @@ def _correction_title(e: IterationEvent) -> str:
         what += " (greedy: the target's top token)"
     under = "norm(max(0, p - q))" if c.kind == "resample" else "p"
     top = ", ".join(f"{t!r} {_fmt(pr)}" for _, t, pr in c.top[:4])
-    return f"iteration {number(e)}: {what}\nits probability under {under} = {_fmt(c.p)}\ntop: {top}"
+    return f"iteration {number(e.index)}: {what}\nits probability under {under} = {_fmt(c.p)}\ntop: {top}"
 
 
 def is_special(piece: str) -> bool:
@@ -114,15 +114,15 @@ def iteration_html(e: IterationEvent) -> str:
         elif i == e.accepted:
             parts.append(_tok("sv-rej", piece, _token_title(e, i, "rejected")))
         else:
-            parts.append(_tok("sv-skip", piece, f"iteration {number(e)}, draft position {i + 1}: "
+            parts.append(_tok("sv-skip", piece, f"iteration {number(e.index)}, draft position {i + 1}: "
                                                    "discarded unchecked (after a rejection)"))
     if n_emit > e.accepted:  # the target's own token made it into the output
         cls = {"resample": "sv-res", "bonus": "sv-bonus", "sample": "sv-plain"}[e.correction.kind]
         parts.append(_tok(cls, e.correction.text, _correction_title(e)))
     kept = f"{e.accepted} of {len(e.proposed)} kept" if e.proposed else "no proposal"
-    title = f"iteration {number(e)}: {kept}; {e.reason}; verify {e.verify_ms:.0f} ms, draft {e.draft_ms:.0f} ms"
+    title = f"iteration {number(e.index)}: {kept}; {e.reason}; verify {e.verify_ms:.0f} ms, draft {e.draft_ms:.0f} ms"
     # data-it: the page opens this iteration in the inspector when a token of it is clicked
-    return f'<span class="sv-it" data-it="{number(e)}" title="{_attr(title)}">{"".join(parts)}</span>'
+    return f'<span class="sv-it" data-it="{number(e.index)}" title="{_attr(title)}">{"".join(parts)}</span>'
 
 
 TOKENS_OPEN = '<div class="sv-tokens">'
@@ -176,7 +176,7 @@ def inspector_html(e: IterationEvent | None, gamma: int | None = None) -> str:
     cap = f"γ max {e.gamma}"
     if gamma is not None and e.gamma < gamma:  # the run's end was near: the target adds a token of its own
         cap += f", not {gamma}: only {plural(e.gamma + 1, 'more token')} to generate"
-    head = (f"<div class='sv-inspect'><b>Iteration {number(e)}</b> &middot; {_attr(e.drafter)} proposed "
+    head = (f"<div class='sv-inspect'><b>Iteration {number(e.index)}</b> &middot; {_attr(e.drafter)} proposed "
             f"{len(e.proposed)} ({cap}; {_attr(e.reason)}) &middot; kept {e.accepted} &middot; "
             f"emitted {len(e.emitted)} &middot; draft {e.draft_ms:.1f} ms, verify {e.verify_ms:.1f} ms")
     if not known and e.proposed:
