@@ -529,8 +529,12 @@ def test_browser_run_output_hide_drafts_and_stop(real_pipeline_factory, tmp_path
             assert page.get_by_role("tab", name="Charts").get_attribute("aria-selected") == "true"
             for cls in ("sv-rej", "sv-res"):
                 page.wait_for_selector(f"#sv-tokens .{cls}", timeout=90_000)
-            page.locator("#sv-hide input").check()
-            assert page.locator("#sv-tokens .sv-rej").first.is_hidden()
+            hide = page.locator("#sv-hide input")
+            for _ in range(5):  # mid-run the live charts below redraw, which can shift the page under a click
+                hide.click()
+                if hide.is_checked():
+                    break
+            assert hide.is_checked() and page.locator("#sv-tokens .sv-rej").first.is_hidden()
             page.get_by_role("tab", name="Output").click()
             assert page.locator("#sv-output .sv-out-text").first.inner_text().strip()
             page.click("#sv-stop")
