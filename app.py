@@ -140,11 +140,6 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                                          REFERENCE if costs == "reference" else None)
         pair, custom_target, custom_drafter = _chosen(pair, target, drafter, prompt)
         spec = resolve_pair(REGISTRY, pair, custom_target, custom_drafter, cfg.gamma)
-        for name in [spec.target] + ([spec.draft_model] if spec.draft_model else []):
-            model = REGISTRY.model(name)
-            if not is_loaded(model, DEVICE, DTYPE):
-                where = "from the Hugging Face Hub" if model.offline_source() is None else "its weights"
-                yield {C["status"]: f"● loading {md(name)} ({md(where)}; ~20 s on a CPU the first time)…"}
         if halt.is_set():
             yield {C["status"]: STOPPED_EARLY}
             return
@@ -161,29 +156,27 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                     yield {C["status"]: item}
                 else:
                     pipe = item
-        else:
-            preparing = f"● preparing the {md(str(spec.drafter.get('kind', 'pair')))} drafter…"
-            yield {C["status"]: preparing}
-            # models load on the decode thread (mainthread.py), after the run it may be decoding; Stop cancels
-            job = RUNNER.submit(build_pipeline, REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
-                                device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
-            for line in load_lines(job, halt, preparing):
-                yield {C["status"]: line} if line else gr.skip()
-            if job.cancelled() and not halt.is_set():
-                raise SpecvizError("the server stopped its decode queue (it is shutting down)")
-            pipe = None if job.cancelled() else job.result()
-        if halt.is_set():  # stopped while the drafter was being prepared
-            yield {C["status"]: STOPPED_EARLY}
-            return
-        maker = FrameMaker(lambda s, v: EXPORTS.save(session, s, v))
 
-        yield {C["status"]: "● prefilling the prompt…"}  # the earlier run stays until this prompt is accepted
-        stream = RUNNER.turns(lambda: live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla)),
-                              on_wait=lambda ahead, eta: {C["status"]: waiting(ahead, eta)})
+            def make():
+                yield {C["status"]: "● prefilling the prompt…"}
+                yield from live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla))
+        else:
+            def make():  # on the decode thread, in this run's own turn: a load (~20 s) never goes before
+                yield {C["status"]: preparing(spec)}  # the runs that queued earlier, and this run does not queue twice
+                pipe = build_pipeline(REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
+                                      device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
+                yield {C["status"]: "● prefilling the prompt…"}  # the earlier run stays until this prompt is accepted
+                yield from live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla))
+        maker = FrameMaker(lambda s, v: EXPORTS.save(session, s, v))
+        # ticks: a load can take a while, and Stop must answer at once (the decoder still finishes it first)
+        stream = RUNNER.turns(make, on_wait=lambda ahead, eta: {C["status"]: waiting(ahead, eta)}, tick_s=0.5)
         for item in stream:
             if halt.is_set():  # Stop: draw what ran, decode no further (closing the stream ends it)
                 yield _updates(maker.stopped()) or {C["status"]: STOPPED_EARLY}
                 break
+            if item is TICK:
+                yield gr.skip()
+                continue
             update = item if isinstance(item, dict) else _updates(maker.add(item))
             if not ran and not isinstance(item, dict):  # the engine's first event: the prompt was accepted,
                 ran = True  # so the earlier run goes: no panel this run has not drawn yet passes for its result
@@ -212,23 +205,6 @@ def waiting(ahead: int, eta_s: float | None) -> str:
     return waiting_status(ahead, eta_s, startup=STARTING.is_set() and ahead <= 1)
 
 
-def load_lines(job, halt, working: str):
-    """While a load (``RUNNER.submit``) waits for the decode thread: its place behind what runs there (a
-    run decoding, typically), then ``working`` again once it runs; None each half second that nothing
-    changed (the handler yields a skip, and so sees Stop, which cancels a load that has not started)."""
-    waited = False
-    for _ in RUNNER.wait(job, halt):
-        ahead = RUNNER.jobs_ahead(job)
-        if ahead:
-            waited = True
-            yield waiting(ahead, RUNNER.estimate_s(ahead))
-        elif waited:
-            waited = False
-            yield working
-        else:
-            yield None
-
-
 VLLM: dict[tuple, object] = {}  # (pair, url) -> a VLLMBackend, started once per process
 
 
@@ -243,6 +219,16 @@ def vllm_backend(pair, backend: str, url: str):
 
 
 STOPPED_EARLY = "■ stopped before anything ran"
+
+
+def preparing(spec) -> str:
+    """The status line while a run's pair is made ready: the models it still loads, or its drafter."""
+    for name in [spec.target] + ([spec.draft_model] if spec.draft_model else []):
+        model = REGISTRY.model(name)
+        if not is_loaded(model, DEVICE, DTYPE):
+            where = "from the Hugging Face Hub" if model.offline_source() is None else "its weights"
+            return f"● loading {md(name)} ({md(where)}; ~20 s on a CPU the first time)…"
+    return f"● preparing the {md(str(spec.drafter.get('kind', 'pair')))} drafter…"
 
 
 def stop(request: gr.Request = None) -> None:
@@ -453,19 +439,17 @@ def lab_tab(inputs: dict) -> None:
             pair, custom_target, custom_drafter = _chosen(pair, target, drafter, prompt)
             load = partial(build_pipeline, REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
                            device=DEVICE)
-            job = RUNNER.submit(load, dtype=DTYPE)  # on the decode thread, as the experiment's own loads are
-            for line in load_lines(job, halt, loading):
-                yield line or gr.skip(), gr.skip(), gr.skip(), gr.skip()
-            if job.cancelled():
-                what, note = lab_stopped(False, None)
-                yield f"■ stopped: **{title}** ({what})", gr.skip(), note, gr.skip()
-                return
-            pipe = job.result()
             s = Settings(prompt=prompt, chat=bool(chat), seed=typed_seed(seed), temperature=float(temperature or 0),
                          variant=variant)
-            # ticks: a step can take a while (loading a second copy of the target, a sweep's point), and
+            ready = []  # the loaded pair, for the done line
+
+            def make():  # on the decode thread, in this experiment's own turn (a load never jumps the line)
+                yield loading  # again, after any wait for the decoder
+                ready.append(load(dtype=DTYPE))
+                yield from mod.run(ready[0], s, load)
+            # ticks: a step can take a while (a load, a second copy of the target, a sweep's point), and
             # Stop must answer at once, not when that step ends (the decoder still finishes it first)
-            stream = RUNNER.turns(lambda: mod.run(pipe, s, load), on_wait=waiting, tick_s=0.5)
+            stream = RUNNER.turns(make, on_wait=waiting, tick_s=0.5)
             done = None  # the latest progress: (steps done, of how many)
             for item in stream:
                 if halt.is_set():  # Stop: the partial chart stays; compute no further
@@ -483,9 +467,9 @@ def lab_tab(inputs: dict) -> None:
                     yield progress_line(item.fraction, item.done, item.total, item.message), fig, gr.skip(), gr.skip()
                 else:
                     path = EXPORTS.save_json(_session(request), f"specviz-lab-{name}", {  # bounded, private
-                        "experiment": name, "pair": pipe.name, "settings": s.to_json(),
+                        "experiment": name, "pair": ready[0].name, "settings": s.to_json(),
                         "result": item.to_json(), "takeaway": mod.takeaway(item), "glossary": GLOSSARY})
-                    yield (f"■ done: **{title}** on {md(pipe.name)}", mod.figure(item),
+                    yield (f"■ done: **{title}** on {md(ready[0].name)}", mod.figure(item),
                            md_text(mod.takeaway(item), 4000), path)
         except SpecvizError as e:
             yield f"**Error:** {md(str(e), 400)}", gr.skip(), gr.skip(), gr.skip()

@@ -26,7 +26,6 @@ import queue
 import threading
 import time
 from concurrent.futures import CancelledError, Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Iterator
 
 import torch
@@ -175,40 +174,12 @@ class MainThreadRunner:
             fut.cancel()
         return fut
 
-    def jobs_ahead(self, fut: Future) -> int:
-        """How many jobs the serving thread runs before ``fut``'s (from ``submit``): the one running
-        now (a run decoding, typically) and those queued before it; 0 once it runs, or is done."""
-        if fut.running() or fut.done():
-            return 0
-        with self._jobs.mutex:
-            queued = list(self._jobs.queue)
-        for i, job in enumerate(queued):
-            if getattr(job, "future", None) is fut:
-                return i + (1 if self._busy else 0)
-        return 0
-
     def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """``submit``, waiting here for the result (or the exception, raised here)."""
         try:
             return self.submit(fn, *args, **kwargs).result()
         except CancelledError:
             raise Interrupted("the decode thread stopped before it could run this (the server is stopping)") from None
-
-    def wait(self, fut: Future, stop: threading.Event | None = None, every_s: float = 0.5) -> Iterator[None]:
-        """Yield every ``every_s`` while ``fut`` is not done, so that a web handler (a generator) can
-        look at its Stop flag: when ``stop`` is set before the job starts, cancel it and end. A
-        handler closed while it waits cancels the job too. Then read ``fut.result()``."""
-        try:
-            while not fut.done():
-                if stop is not None and stop.is_set() and fut.cancel():
-                    return
-                try:
-                    fut.exception(timeout=every_s)
-                except FutureTimeout:
-                    yield
-        finally:
-            if not fut.done():
-                fut.cancel()
 
     def stream(self, make: Callable[[], Iterator], tick_s: float | None = None) -> Iterator:
         """Yield the items of ``make()``, computed on the serving thread when there is one. ``tick_s``:

@@ -1012,8 +1012,8 @@ def test_every_decoding_event_lets_several_visitors_wait_in_the_apps_queue():
 
 
 def test_a_run_whose_load_waits_behind_another_run_shows_its_place_then_runs(tiny_app, monkeypatch):
-    """Models load on the decode thread, after the run it is decoding: the page says the run waits
-    and how many go first (it said "preparing the drafter" for the whole wait), then prepares and runs."""
+    """A run's pair is made ready in the run's own turn on the decode thread: while another visitor's
+    run decodes, the page says how many go first, then that it prepares the drafter, then runs."""
     import threading
 
     from tests.test_mainthread import holding, start_serving
@@ -1021,7 +1021,7 @@ def test_a_run_whose_load_waits_behind_another_run_shows_its_place_then_runs(tin
     runner, until, server = start_serving()
     release = threading.Event()
     monkeypatch.setattr(tiny_app, "RUNNER", runner)
-    other = runner.stream(holding(release))
+    other = runner.turns(holding(release))
     try:
         assert next(other) == 0  # another visitor's run holds the decode thread
         gen = tiny_app.run_decoding(*args(max_new=8, vanilla=False))
@@ -1036,14 +1036,68 @@ def test_a_run_whose_load_waits_behind_another_run_shows_its_place_then_runs(tin
                 break
         release.set()
         assert list(other) == [1]
-        final = final_of(gen)
+        rest = list(gen)
+        final = final_of(rest)
     finally:
         release.set()
         other.close()
         until.set()
         server.join(10)
-    assert statuses[-2] == "● preparing the model drafter…", statuses  # shown first, then the place in line
+    assert "waiting for the decoder: 1 run ahead" in statuses[-1], statuses
+    later = [named(u).get("status") for u in rest if "__type__" not in u]
+    assert [s for s in later if s][:2] == ["● preparing the model drafter…", "● prefilling the prompt…"], later
     assert "done" in final["status"], final["status"]
+
+
+def test_a_run_that_must_load_waits_for_the_runs_queued_before_it(tiny_app, monkeypatch):
+    """A visitor who switches pairs loads the new one in their own place in line: the load (~20 s
+    for a real model) used to be queued on the decode thread at once, so it went before every run
+    already waiting, which then waited for it."""
+    import threading
+
+    from tests.test_mainthread import holding, start_serving
+
+    runner, until, server = start_serving()
+    release, order = threading.Event(), []
+    monkeypatch.setattr(tiny_app, "RUNNER", runner)
+    build = tiny_app.build_pipeline
+
+    def recorded(*a, **k):
+        order.append("load")
+        return build(*a, **k)
+    monkeypatch.setattr(tiny_app, "build_pipeline", recorded)
+
+    def queued_run():  # a visitor already waiting when the pair is switched
+        order.append("run queued first")
+        yield "ran"
+    first = runner.turns(holding(release))
+    threads = []
+    try:
+        assert next(first) == 0  # a run decodes
+        waiter = runner.turns(queued_run)
+        threads.append(threading.Thread(target=lambda: list(waiter)))
+        threads[-1].start()
+        deadline = time.monotonic() + 10
+        while runner.queued < 2 and time.monotonic() < deadline:  # its ticket is taken: it waits
+            time.sleep(0.01)
+        switched = tiny_app.run_decoding(*args(pair="tiny-lookup", max_new=8, vanilla=False))
+        frames = []
+        threads.append(threading.Thread(target=lambda: frames.extend(switched)))
+        threads[-1].start()
+        while runner.queued < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # where a load could jump the line, it is on the decode thread's queue by now
+        release.set()
+        assert list(first) == [1]
+        for t in threads:
+            t.join(30)
+    finally:
+        release.set()
+        first.close()
+        until.set()
+        server.join(10)
+    assert order == ["run queued first", "load"], order
+    assert "done" in final_of(frames)["status"]
 
 
 def test_a_preload_cut_short_by_the_app_stopping_ends_quietly(monkeypatch, capsys):

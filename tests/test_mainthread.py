@@ -193,54 +193,6 @@ def test_while_serving_only_the_serving_thread_runs_torch_on_several_threads():
     assert fresh_count() == before
 
 
-def test_a_call_waiting_behind_a_run_is_cancelled_by_stop_or_by_its_handler_closing(served):
-    """A page's load waits behind another user's run: ``wait`` yields while it waits (the handler
-    looks at Stop), Stop before the job starts cancels it, and so does the handler going away."""
-    runner, server_tid = served
-    ran, release = [], threading.Event()
-
-    first = runner.stream(holding(release))
-    try:
-        assert next(first) == 0  # the run holds the serving thread
-        job, stop = runner.submit(ran.append, "stopped"), threading.Event()
-        waits = runner.wait(job, stop, every_s=0.01)
-        next(waits)  # still waiting: a yield, not a block
-        stop.set()
-        assert list(waits) == [] and job.cancelled()
-        left = runner.submit(ran.append, "left")
-        waits = runner.wait(left, None, every_s=0.01)
-        next(waits)
-        waits.close()  # gradio closes the handler of a visitor who left
-        assert left.cancelled()
-        release.set()
-        assert list(first) == [1]
-    finally:
-        release.set()
-        first.close()
-    assert runner.call(threading.get_ident) == server_tid and ran == []
-
-
-def test_a_call_waiting_behind_a_run_knows_its_place(served):
-    """A load queued behind another user's run says how many jobs go first (the page shows it, where it
-    used to say "preparing the drafter" for the whole wait), and 0 once it runs."""
-    runner, _ = served
-    release, seen = threading.Event(), []
-
-    first = runner.stream(holding(release))
-    try:
-        assert next(first) == 0
-        a = runner.submit(lambda: seen.append(runner.jobs_ahead(a)) or "a")
-        b = runner.submit(lambda: "b")
-        assert (runner.jobs_ahead(a), runner.jobs_ahead(b)) == (1, 2)
-        release.set()
-        assert list(first) == [1]
-        assert (a.result(5), b.result(5)) == ("a", "b") and seen == [0]
-        assert runner.jobs_ahead(a) == runner.jobs_ahead(b) == 0
-    finally:
-        release.set()
-        first.close()
-
-
 def test_a_job_errors_reach_the_caller_as_plain_errors_and_the_server_goes_on(served):
     """StopIteration (asyncio cannot carry it across wrap_future: an API request hung) and a
     generator whose cleanup fails (it ended the serving thread) come back as errors; it serves on."""
