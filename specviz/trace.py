@@ -61,6 +61,10 @@ class Trace:
         elif isinstance(ev, SummaryEvent):
             self.summary = ev
 
+    def frozen(self) -> "Trace":
+        """A copy that stays as it is while this trace grows (an event is not changed once added)."""
+        return Trace(self.start, list(self.iterations), self.summary)
+
     @classmethod
     def of(cls, events) -> "Trace":
         t = cls()

@@ -91,6 +91,25 @@ def test_stopped_frame_summarises_what_ran(target_model, draft_model, tok):
     assert frame.result["stopped"] and frame.result["tokens"] == maker.latest.spec.tokens
 
 
+def test_a_stop_draws_every_panel_from_the_state_the_page_last_received(target_model, draft_model, tok):
+    """Stop is seen while the decoder finishes the step under way: that step grew the trace the page
+    held, so the status and export counted N iterations and the summary and charts N + 1."""
+    saved = []
+    maker = FrameMaker(lambda spec, vanilla: saved.append(len(spec.iterations)) or "run.json")
+    stream = live_run(FakePipe(target_model, draft_model, tok), "abc abc", DecodeConfig(gamma=3, max_new_tokens=40))
+    for _, st in zip(range(4), stream):
+        maker.add(st)
+    shown = len(maker.latest.spec.iterations)
+    tokens_shown = maker.latest.spec.tokens
+    next(stream), next(stream)  # the decoder's step after Stop, before it looks at the flag
+    frame = maker.stopped()
+    stream.close()
+    assert frame.result["iterations"] == shown and frame.result["tokens"] == tokens_shown
+    assert saved == [shown] and frame.iteration["maximum"] == max(2, shown)
+    assert f"after {tokens_shown} tokens" in frame.status, frame.status
+    assert frame.charts["accept"].data[0].x is None or len(frame.charts["accept"].data[0].x) == shown
+
+
 def test_markdown_and_html_escaping():
     evil = "<img src=x onerror=alert(1)> [link](http://x) **b** `c`"
     out = text.md(evil)

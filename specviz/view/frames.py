@@ -35,9 +35,11 @@ class LiveState:
     last: IterationEvent | None = None  # the newest iteration, if this state added one
 
     def snapshot(self) -> "LiveState":
-        """A copy whose phase and newest iteration stay put (the traces only ever grow), so a
-        consumer on another thread may read it after the run has moved on."""
-        return replace(self)
+        """A copy that stays as it is (phase, newest iteration, traces), so a consumer on another
+        thread may read it whole after the run has moved on: a Stop's page is drawn from the last
+        state the page received while the decoder finishes the step under way, and every panel of it
+        (status, summary, charts, export) must count the same iterations."""
+        return replace(self, spec=self.spec.frozen(), vanilla=self.vanilla.frozen() if self.vanilla else None)
 
 
 def live_run(pipe, prompt: str | list[int], cfg: DecodeConfig, chat: bool = True,
