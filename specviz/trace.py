@@ -215,6 +215,13 @@ class Speedup:
     v: dict  # verify cost per proposal length / one vanilla step
     predicted: float  # theory's decode speedup from alpha, c, v
 
+    @property
+    def implausible(self) -> bool:
+        """Above what the run's tokens per iteration allow (10% spare): each iteration costs at least
+        one target pass and a vanilla step is one pass per token, so only a vanilla run slowed by
+        something else on the machine gives such a speedup."""
+        return max(self.speedup, self.decode_speedup) > 1.1 * self.tokens_per_iteration
+
 
 def compare_speed(spec: Trace, vanilla: Trace) -> Speedup:
     step = median([e.verify_ms for e in vanilla.iterations]) or 1e-9

@@ -6,7 +6,7 @@ from specviz.backends.transformers import CachedLM
 from specviz.drafters import ModelDrafter
 from specviz.engine import DecodeConfig, encode_prompt
 from specviz.sampling import SamplingConfig
-from specviz.view import text, tokens
+from specviz.view import charts, text, tokens
 from specviz.view.frames import CHART_NAMES, FrameMaker, live_run, replay_frames
 
 
@@ -237,7 +237,6 @@ def test_every_chart_makes_room_for_its_axis_titles_before_its_legend(target_mod
     legend over both. Every chart's axes, the Lab's subplots included, now push the margin."""
     from specviz.lab.common import Measured
     from specviz.lab.when_not import BatchPoint, WhenNotResult, figure as when_not_figure
-    from specviz.view import charts
 
     state = list(live_run(FakePipe(target_model, draft_model, tok), "abc abc", DecodeConfig(gamma=3, max_new_tokens=12)))[-1]
     figs = list(charts.all_figures(state.spec, state.vanilla))
@@ -415,6 +414,11 @@ def test_a_speedup_above_the_tokens_per_iteration_is_flagged_as_timing_noise(tar
     out = text.summary_markdown(last.spec, slowed)
     assert "Timing noise" in out and f"{tpi:.2f} tokens per iteration allow" in out
     assert "v(0) = " in out or "v(1) = " in out  # v(g): a pass over g drafted tokens + 1, as the README writes it
+    # the status line a room reads and the time chart's title say so too (they showed the bare speedup)
+    assert "timing noise" in text.final_status(last.spec, slowed, False)
+    assert "timing noise" not in text.final_status(last.spec, fast, False)
+    assert "timing noise" in charts.throughput_figure(last.spec, slowed).layout.title.text
+    assert "timing noise" not in charts.throughput_figure(last.spec, fast).layout.title.text
 
 
 def test_the_inspector_chart_shows_the_residual_a_resampled_token_came_from(target_model, draft_model, tok):

@@ -8,7 +8,7 @@ import html
 import plotly.graph_objects as go
 
 from ..events import IterationEvent
-from ..trace import Trace
+from ..trace import Trace, compare_speed
 from .tokens import number, one_hot
 
 COLORS = {"accepted": "#2e9e5b", "rejected": "#d64545", "resample": "#e08a1e", "bonus": "#3b7dd8",
@@ -102,6 +102,8 @@ def throughput_figure(spec: Trace, vanilla: Trace | None) -> go.Figure:
     title = "Tokens over time"
     if vanilla is not None and vanilla.summary and spec.summary and vanilla.tokens_per_second > 0:
         title += f": speedup {spec.tokens_per_second / vanilla.tokens_per_second:.2f}x"
+        if compare_speed(spec, vanilla).implausible:
+            title += " (timing noise: see Summary)"
     return layout(fig, title, "seconds", "tokens generated")
 
 

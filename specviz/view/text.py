@@ -127,7 +127,10 @@ def final_status(spec: Trace, vanilla: Trace | None, stopped: bool, exact: Exact
         cut = f" after {plural(van.tokens, 'token')}" if van else " before its first token"
         return line + f"; the vanilla comparison was stopped{cut}, so there is no speedup"
     if van is not None and van.summary is not None:
-        line += f" · **{compare_speed(spec, van).speedup:.2f}x** vanilla's speed"
+        cmp = compare_speed(spec, van)
+        line += f" · **{cmp.speedup:.2f}x** vanilla's speed"
+        if cmp.implausible:  # the line a room reads carries the Summary's warning too
+            line += " (⚠ timing noise: see Summary)"
     if exact is not None and spec.greedy:
         line += " · identical to vanilla" if exact.identical else " · **differs from vanilla** (see Summary)"
     return line
@@ -187,10 +190,9 @@ def summary_markdown(spec: Trace, vanilla: Trace | None, exact: Exactness | None
         lines.append(f"| measured this run: draft cost c, verify cost v(g) of a pass over g drafted tokens + 1 "
                      f"(vs one vanilla step) | c = {cmp.c:.3f}, "
                      + ", ".join(f"v({g}) = {v:.2f}" for g, v in sorted(cmp.v.items())) + " | |")
-        tpi = spec.tokens / max(1, len(spec.iterations))
-        if cmp.speedup > 1.1 * tpi or cmp.decode_speedup > 1.1 * tpi:
+        if cmp.implausible:
             lines += ["", f"⚠ **Timing noise:** a speedup of {max(cmp.speedup, cmp.decode_speedup):.2f}x is more than "
-                          f"{tpi:.2f} tokens per iteration allow (each iteration costs at least one target pass, "
+                          f"{cmp.tokens_per_iteration:.2f} tokens per iteration allow (each iteration costs at least one target pass, "
                           "and a vanilla step is one pass per token): something else on this machine slowed the "
                           "vanilla run. Run it again before relying on it."]
         if abs(spec.tokens - van.tokens) > 0.25 * max(spec.tokens, van.tokens):
