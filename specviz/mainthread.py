@@ -47,6 +47,7 @@ class MainThreadRunner:
         self.recent_s: list[float] = []  # how long the last runs held the queue (for estimates)
         self._thread: threading.Thread | None = None  # the serving thread
         self._busy = False  # whether the serving thread is running a job now
+        self._since: float | None = None  # when the turn of the run decoding now began
 
     @property
     def queued(self) -> int:
@@ -61,10 +62,19 @@ class MainThreadRunner:
             return self._waiting.index(ticket) if ticket in self._waiting else 0
 
     def estimate_s(self, ahead: int) -> float | None:
+        """Seconds until a run with ``ahead`` runs before it starts: what is typical of the recent
+        runs (their median) for each of them, less the time the one decoding has already had (so a
+        waiting visitor's estimate counts down), at least a second for it."""
         if not self.recent_s:
             return None
+        if ahead <= 0:
+            return 0.0
         recent = sorted(self.recent_s[-8:])
-        return ahead * recent[len(recent) // 2]
+        typical = recent[len(recent) // 2]
+        with self._turn:
+            since = self._since
+        first = typical if since is None else max(1.0, typical - (time.perf_counter() - since))
+        return first + (ahead - 1) * typical
 
     def reserve(self, limit: int) -> bool:
         """Admit one more run if fewer than ``limit`` are queued, checked and counted in one step
@@ -96,6 +106,8 @@ class MainThreadRunner:
 
     def done(self, ticket: int, held_s: float | None = None) -> None:
         with self._turn:
+            if self._waiting and self._waiting[0] == ticket:
+                self._since = None  # its turn has ended; the next one's starts when it takes it
             if ticket in self._waiting:
                 self._waiting.remove(ticket)
             if held_s is not None:
@@ -117,6 +129,8 @@ class MainThreadRunner:
                     ahead = self.position(ticket)
                     yield on_wait(ahead, self.estimate_s(ahead))
             t0 = time.perf_counter()
+            with self._turn:
+                self._since = t0
             yield from self.stream(make, tick_s)
         finally:
             self.done(ticket, time.perf_counter() - t0 if t0 is not None else None)

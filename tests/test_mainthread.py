@@ -2,6 +2,7 @@
 and early stops cross over cleanly; without a server it runs inline."""
 
 import threading
+import time
 
 import pytest
 
@@ -112,6 +113,31 @@ def test_turns_queue_first_come_first_served_with_positions():
     assert order == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
     assert waits and all(name == "b" and ahead == 1 for name, ahead in waits)
     assert runner.position(12345) == 0 and runner.recent_s  # a finished run's duration is remembered
+
+
+def test_the_wait_estimate_counts_down_while_the_run_ahead_decodes(served):
+    """A visitor waiting behind a run read "about 243 s" for the whole wait (it started after 71 s):
+    the estimate was runs ahead x the typical run, however long the one decoding had already run."""
+    runner, _ = served
+    release = threading.Event()
+    runner.recent_s = [30.0, 30.0, 30.0]
+    assert runner.estimate_s(1) == 30.0 and runner.estimate_s(0) == 0.0  # nothing decoding yet
+    first = runner.turns(holding(release))
+    try:
+        assert next(first) == 0  # its turn began
+        time.sleep(0.3)
+        one, two = runner.estimate_s(1), runner.estimate_s(2)
+        time.sleep(0.3)
+        assert 29.0 < runner.estimate_s(1) < one < 30.0 and two == pytest.approx(one + 30.0, abs=0.1)
+        runner.recent_s = [0.5]  # the run ahead has already had longer than is typical: a second, not 0
+        assert runner.estimate_s(1) == 1.0
+        release.set()
+        assert list(first) == [1]
+    finally:
+        release.set()
+        first.close()
+    runner.recent_s = [30.0]
+    assert runner.estimate_s(1) == 30.0  # its turn ended: the next one's has not begun
 
 
 def test_stop_flags_reach_the_running_job_only():
