@@ -427,6 +427,9 @@ def lab_tab(inputs: dict) -> None:
 
     def run_lab(name, variant, pair, target, drafter, prompt, chat, temperature, seed, request: gr.Request = None):
         session = _session(request)
+        # another experiment started in this tab replaces the one running: it would wait behind it in
+        # the decode queue, and both draw in the same place, so the first would go on unseen
+        STOPS.stop(session, "lab")
         halt = STOPS.open(session, "lab")
         title = md(EXPERIMENTS[name][1]) if name in EXPERIMENTS else md(str(name))
         drawn = False  # whether this experiment has drawn a chart yet

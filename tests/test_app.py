@@ -768,6 +768,20 @@ def test_replay_of_values_no_run_makes_ends_in_a_message(tiny_app, uploads, edit
     assert final["status"].startswith("**Error:**") and "cannot replay this file" in plain(final["status"])
 
 
+def test_a_second_lab_experiment_in_a_tab_stops_the_first(tiny_app):
+    """Experiment 2 clicked while experiment 1 ran waited behind it in the decode queue, while
+    experiment 1 went on unseen (both draw in the Lab's one status, chart and takeaway)."""
+    fns = {f.name: f.fn for f in tiny_app.demo.fns.values()}
+    settings = ("tiny-draft", tiny_app.PAIR_CHOICE, tiny_app.PAIR_CHOICE, "abc abc abc", True, 0.0, 0)
+    first = fns["run_lab_gamma_sweep"]("raw_q", *settings)
+    assert "loading" in next(first)[0]
+    second = fns["run_lab_same_outputs"](None, *settings)
+    assert "loading" in next(second)[0]
+    rest = list(first)
+    assert "■ stopped" in rest[-1][0] and not any("■ done" in r[0] for r in rest)
+    assert "■ done" in list(second)[-1][0]  # the new one runs to its end
+
+
 def test_a_lab_run_first_clears_the_last_result_and_a_stop_before_any_chart_says_so(tiny_app):
     """Stopping an experiment early left the previous experiment's chart, takeaway and JSON on the
     page under the new one's "stopped" line, as if they were its result."""
