@@ -198,11 +198,13 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
 
 
 STARTING = threading.Event()  # set while the start-up preload holds the decode queue
+STARTED_AT = [time.monotonic()]  # when that preload began
 
 
 def waiting(ahead: int, eta_s: float | None) -> str:
     """The waiting line, saying so when all that is ahead is the server's start-up (not another visitor)."""
-    return waiting_status(ahead, eta_s, startup=STARTING.is_set() and ahead <= 1)
+    startup = STARTING.is_set() and ahead <= 1
+    return waiting_status(ahead, eta_s, time.monotonic() - STARTED_AT[0] if startup else None)
 
 
 VLLM: dict[tuple, object] = {}  # (pair, url) -> a VLLMBackend, started once per process
@@ -567,6 +569,7 @@ def preload(pair: str = REGISTRY.default(), await_server: bool = False) -> None:
     its cost profile in the decode queue: on the thread that runs decode (a worker thread's
     profile came out 3-5% off), and never beside a first Run, whose timings it would skew.
     ``await_server``: wait until the main thread serves the decode queue, and load there too."""
+    STARTED_AT[0] = time.monotonic()
     STARTING.set()
     try:
         while await_server and not RUNNER.serving:

@@ -710,6 +710,8 @@ def test_preload_measures_the_cost_profile_in_the_decode_queue(monkeypatch):
             seen["thread"], seen["gamma"] = threading.get_ident(), max_gamma
             # a visitor queued behind it is told it is the server's start-up, not another visitor's run
             seen["said"] = app_module.waiting(1, None)
+            time.sleep(1.1)
+            seen["later"] = app_module.waiting(1, None)  # and that it is moving: the seconds so far
 
     runner, until = MainThreadRunner(), threading.Event()
     server = threading.Thread(target=runner.serve_forever, kwargs={"poll_s": 0.05, "until": until})
@@ -723,9 +725,11 @@ def test_preload_measures_the_cost_profile_in_the_decode_queue(monkeypatch):
     loader.join(30)
     until.set()
     server.join()
-    said = seen.pop("said")
+    said, later = seen.pop("said"), seen.pop("later")
     assert seen == {"load": server.ident, "thread": server.ident, "gamma": 16}  # loads there too (mainthread.py)
     assert "the server is still starting" in said and "1 run ahead" not in said
+    so_far = [int(re.search(r"(\d+) s so far", line).group(1)) for line in (said, later)]
+    assert so_far[1] >= so_far[0] + 1, (said, later)
     assert not app_module.STARTING.is_set() and "1 run ahead" in app_module.waiting(1, None)
 
 

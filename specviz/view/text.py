@@ -60,13 +60,15 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def waiting_status(ahead: int, eta_s: float | None, startup: bool = False) -> str:
+def waiting_status(ahead: int, eta_s: float | None, startup_s: float | None = None) -> str:
     """A queued run's status line (the page and the Lab share the decode queue with the API).
-    ``startup``: what is ahead is the server's own start-up (loading and timing the default pair)."""
+    ``startup_s``: what is ahead is the server's own start-up (loading and timing the default pair),
+    under way for that many seconds (a visitor on a busy machine saw the same line for 4 minutes,
+    with nothing to say it was moving)."""
     eta = f", about {eta_s:.0f} s" if eta_s else ""
-    if startup:
+    if startup_s is not None:
         return ("● waiting for the decoder: the server is still starting (loading the default pair and timing "
-                f"its passes, once){eta}…")
+                f"its passes, once; {startup_s:.0f} s so far, ~30 s on a quiet CPU){eta}…")
     return f"● waiting for the decoder: {plural(ahead, 'run')} ahead{eta}…"
 
 
