@@ -143,11 +143,13 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
         if halt.is_set():
             yield {C["status"]: STOPPED_EARLY}
             return
+        # specviz's engine: the pair is made ready on the decode thread, in this run's own turn (make),
+        # so a load (~20 s) never goes before the runs that queued earlier and this run does not queue twice
+        pipe = None
         if backend and backend != "specviz":
             if custom_drafter:  # vLLM would run the pair's own method and silently drop the choice
                 raise SpecvizError(f"vLLM runs the pair's own drafting ({menus.drafter_label(REGISTRY.pair(pair))}), "
                                    f"not {custom_drafter}: set Drafter to {PAIR_CHOICE}")
-            pipe = None
             for item in vllm_backend(pair, backend, vllm_url):
                 if halt.is_set():
                     yield {C["status"]: STOPPED_EARLY}
@@ -156,17 +158,17 @@ def run_decoding(pair, target, drafter, prompt, chat, gamma, temperature, top_k,
                     yield {C["status"]: item}
                 else:
                     pipe = item
+            if pipe is None:
+                raise SpecvizError("the vLLM backend ended without starting")
 
-            def make():
-                yield {C["status"]: "● prefilling the prompt…"}
-                yield from live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla))
-        else:
-            def make():  # on the decode thread, in this run's own turn: a load (~20 s) never goes before
-                yield {C["status"]: preparing(spec)}  # the runs that queued earlier, and this run does not queue twice
-                pipe = build_pipeline(REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
-                                      device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
-                yield {C["status"]: "● prefilling the prompt…"}  # the earlier run stays until this prompt is accepted
-                yield from live_run(pipe, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla))
+        def make():
+            ready = pipe
+            if ready is None:
+                yield {C["status"]: preparing(spec)}
+                ready = build_pipeline(REGISTRY, pair=pair, target=custom_target, drafter=custom_drafter,
+                                       device=DEVICE, dtype=DTYPE, gamma=cfg.gamma)
+            yield {C["status"]: "● prefilling the prompt…"}  # the earlier run stays until this prompt is accepted
+            yield from live_run(ready, prompt, cfg, chat=bool(chat), with_vanilla=bool(with_vanilla))
         maker = FrameMaker(lambda s, v: EXPORTS.save(session, s, v))
         # ticks: a load can take a while, and Stop must answer at once (the decoder still finishes it first)
         stream = RUNNER.turns(make, on_wait=lambda ahead, eta: {C["status"]: waiting(ahead, eta)}, tick_s=0.5)
@@ -446,12 +448,13 @@ def lab_tab(inputs: dict) -> None:
                            device=DEVICE)
             s = Settings(prompt=prompt, chat=bool(chat), seed=typed_seed(seed), temperature=float(temperature or 0),
                          variant=variant)
-            ready = []  # the loaded pair, for the done line
+            pipe = None  # the loaded pair, for the done line
 
             def make():  # on the decode thread, in this experiment's own turn (a load never jumps the line)
+                nonlocal pipe
                 yield loading  # again, after any wait for the decoder
-                ready.append(load(dtype=DTYPE))
-                yield from mod.run(ready[0], s, load)
+                pipe = load(dtype=DTYPE)
+                yield from mod.run(pipe, s, load)
             # ticks: a step can take a while (a load, a second copy of the target, a sweep's point), and
             # Stop must answer at once, not when that step ends (the decoder still finishes it first)
             stream = RUNNER.turns(make, on_wait=waiting, tick_s=0.5)
@@ -472,9 +475,9 @@ def lab_tab(inputs: dict) -> None:
                     yield progress_line(item.fraction, item.done, item.total, item.message), fig, gr.skip(), gr.skip()
                 else:
                     path = EXPORTS.save_json(_session(request), f"specviz-lab-{name}", {  # bounded, private
-                        "experiment": name, "pair": ready[0].name, "settings": s.to_json(),
+                        "experiment": name, "pair": pipe.name, "settings": s.to_json(),
                         "result": item.to_json(), "takeaway": mod.takeaway(item), "glossary": GLOSSARY})
-                    yield (f"■ done: **{title}** on {md(ready[0].name)}", mod.figure(item),
+                    yield (f"■ done: **{title}** on {md(pipe.name)}", mod.figure(item),
                            md_text(mod.takeaway(item), 4000), path)
         except SpecvizError as e:
             yield f"**Error:** {md(str(e), 400)}", gr.skip(), gr.skip(), gr.skip()

@@ -46,7 +46,6 @@ class MainThreadRunner:
         self._reserved = 0  # places promised by reserve() whose runs have not taken their ticket yet
         self.recent_s: list[float] = []  # how long the last runs held the queue (for estimates)
         self._thread: threading.Thread | None = None  # the serving thread
-        self._busy = False  # whether the serving thread is running a job now
         self._since: float | None = None  # when the turn of the run decoding now began
 
     @property
@@ -149,11 +148,7 @@ class MainThreadRunner:
                     job = self._jobs.get(timeout=poll_s)  # wakes up now and then so Ctrl-C works
                 except queue.Empty:
                     continue
-                self._busy = True
-                try:
-                    job()
-                finally:
-                    self._busy = False
+                job()
         finally:
             self.serving = False
             self._thread = None
