@@ -11,7 +11,7 @@ from ..drafters import Drafter
 from ..engine import MAX_GAMMA, MAX_SEED, DecodeConfig, _whole, check_prompt
 from ..pipeline import Pipeline
 from ..sampling import SamplingConfig
-from ..trace import Speedup, Trace, compare_speed, spread
+from ..trace import Speedup, Trace, compare_speed, implausible, spread
 
 
 REPEATS = 3  # timed runs of each thing an experiment times, as the bench's --repeats
@@ -170,7 +170,7 @@ class Measured:
         """Faster than its tokens per iteration allow: each iteration costs at least one target pass,
         so only a timing disturbed by something else can show more (a lone run on a busy machine
         once showed 1.98x at 1.00 tokens per iteration)."""
-        return self.speedup > 1.1 * self.tokens_per_iteration
+        return implausible(self.speedup, self.tokens_per_iteration)
 
 
 # what each number in a Measured means: written into every exported result beside the numbers
